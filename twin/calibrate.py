@@ -1,0 +1,363 @@
+"""Fit a :class:`GpuProfile` from the profiling CSVs in ``<data>/calibration/``.
+
+Sources (one base model at a time; the scheduler-overhead runs are shared, see below):
+
+* ``step_latency_windows.csv`` (+ ``step_latency_runs.csv`` for actual token lengths): ~2-s
+  windows with a constant batch (``running_start == running_end``).
+  - decode windows (decode_baseline, lora_decode_baseline, lora_decode_overhead): n requests,
+    each decoding 1 token; prefill tokens = batched_tokens_mean - n when logged, else
+    n * input_len / output_len (new requests replacing finished ones); ctx_tokens =
+    n * (input_len + output_len / 2) (steady-state mean context of a decoding request);
+    n_distinct = unique_adapters_mean; max_loras 300 rank 8 for the overhead study.
+  - prefill windows: 2048 prefill tokens per step, n_seqs = 2048 / input_len + 1, ctx =
+    input_len / 2 (the one partially prefilled request).
+  - lora_find_max_batch windows: batched_tokens_mean split into prefill / decode in the
+    ratio input_len : output_len.
+* ``step_latency_runs.csv`` prefill_baseline rows without windows (Qwen): run averages
+  (tokens per step = (input + output tokens) / n_steps).
+* ``scheduler_overhead_runs.csv`` (shared by all models, base model not stated, fixed-length
+  "mean" dummy requests: 250 input / 231 output tokens, rank 8, max_loras 8..448): mean step
+  time = (duration - CPU->GPU loading time) / steps, only runs that are surely never idle
+  (avg_batch_size >= 8); n_seqs = n_decode = avg_batch_size, prefill tokens per step =
+  processed_tokens / 231 * 250 / steps, ctx = avg_batch_size * (250 + 231 / 2),
+  n_distinct = mean_loras_by_batch, n_waiting = avg_waiting_queue. Each of its two source
+  files gets a free additive offset (nuisance; the base model/engine may differ). The
+  ``fixed_aggregated_rate`` runs with gpu_loras <= 16 are excluded: they are ~10 ms slower
+  than the ``fixed_per_adapter_rate`` runs at identical settings (unexplained).
+
+Fit: stage 1 fits the scheduler part (c0, c2, c9) to the logged scheduler times
+(``scheduler_time_mean_ms`` / ``scheduling_time_per_step_ms``); stage 2 fits c0..c8 to the step
+wall times with c9 fixed from stage 1. Both are non-negative least squares on relative error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .profile import GpuProfile
+from .step_time import FEATURE_NAMES, STEP_COEF_NAMES, StepTimeModel, describe_step_model
+
+GPU_NAME = "H100-64GB"
+SCHED_IN, SCHED_OUT = 250.0, 231.0   # fixed request of the dummy "mean" dataset
+MIN_BUSY_BATCH = 8.0                  # scheduler runs: avg batch below this may include idle time
+SEQ_KNEES = (32.0, 64.0, 96.0, 128.0, 192.0, 256.0)
+SCHED_OFFSETS = False                # free per-file offsets for the shared scheduler runs
+SCHED_SOURCE_WEIGHT = 0.5             # relative weight of a shared scheduler-run row vs a window
+
+
+# ---------------------------------------------------------------------------- data assembly
+def _cal(data_dir: Path) -> Path:
+    d = Path(data_dir)
+    c = d / "calibration"
+    if not c.is_dir():
+        raise FileNotFoundError(f"no calibration/ folder under {d}")
+    return c
+
+
+def _row(src, S, P, D, C, K, A, R, W, y, ysched, weight=1.0) -> dict:
+    return dict(source=src, n_seqs=S, n_prefill_tokens=P, n_decode_tokens=D, ctx_tokens=C,
+                n_distinct=K, max_loras=A, max_rank=R, n_waiting=W, y=y, ysched=ysched,
+                weight=weight)
+
+
+def step_rows(data_dir: Path, model: str) -> pd.DataFrame:
+    """Fitting rows (features of FEATURE_NAMES + y, ysched, source, weight) for one model."""
+    cal = _cal(data_dir)
+    runs = pd.read_csv(cal / "step_latency_runs.csv")
+    runs = runs[(runs.model == model) & (runs.status == "ok")]
+    if runs.empty:
+        raise ValueError(f"no ok step_latency_runs rows for model {model!r}")
+    win = pd.read_csv(cal / "step_latency_windows.csv")
+    win = win[win.model == model]
+    lens = {r.run_name: (r.total_input_tokens / r.completed, r.total_output_tokens / r.completed)
+            for r in runs.itertuples() if r.completed and r.completed > 0}
+    rows = []
+    for x in win.itertuples():
+        if x.run_name not in lens or x.running_start != x.running_end:
+            continue
+        inl, outl = lens[x.run_name]
+        A = 0.0 if pd.isna(x.max_loras) else float(x.max_loras)
+        R = 0.0 if pd.isna(x.max_lora_rank) else float(x.max_lora_rank)
+        K = 0.0 if pd.isna(x.unique_adapters_mean) else float(x.unique_adapters_mean)
+        W = float(x.waiting_end)
+        if x.study == "prefill_baseline":
+            rows.append(_row("prefill_baseline", 2048.0 / inl + 1.0, 2048.0, 0.0, inl / 2.0,
+                             K, A, R, W, x.step_interval_mean_ms, x.scheduler_time_mean_ms))
+            continue
+        n = float(x.running_start)
+        if n < 1:
+            continue
+        if x.study == "lora_find_max_batch":
+            if pd.isna(x.batched_tokens_mean):
+                continue
+            T = float(x.batched_tokens_mean)
+            P = T * inl / (inl + outl)
+            D = T - P
+        else:
+            D = n
+            P = (max(float(x.batched_tokens_mean) - n, 0.0)
+                 if not pd.isna(x.batched_tokens_mean) else n * inl / outl)
+        rows.append(_row(x.study, n, P, D, n * (inl + outl / 2.0), K, A, R, W,
+                         x.step_interval_mean_ms, x.scheduler_time_mean_ms))
+    # prefill runs that have no windows (run averages)
+    have_win = set(win.run_name[win.study == "prefill_baseline"])
+    for r in runs[(runs.study == "prefill_baseline") & ~runs.run_name.isin(have_win)].itertuples():
+        if pd.isna(r.n_steps) or pd.isna(r.step_interval_mean_ms) or r.n_steps <= 0:
+            continue
+        inl = r.total_input_tokens / r.completed
+        tok = (r.total_input_tokens + r.total_output_tokens) / r.n_steps
+        rows.append(_row("prefill_baseline_run", r.completed / r.n_steps, tok, 0.0, inl / 2.0,
+                         0.0, 0.0, 0.0, 0.0, r.step_interval_mean_ms, r.scheduler_time_mean_ms,
+                         weight=3.0))
+    return pd.DataFrame(rows)
+
+
+def scheduler_rows(data_dir: Path) -> pd.DataFrame:
+    """Rows from the shared ``scheduler_overhead_runs.csv`` (see module docstring)."""
+    s = pd.read_csv(_cal(data_dir) / "scheduler_overhead_runs.csv")
+    s = s[s.avg_batch_size >= MIN_BUSY_BATCH]
+    s = s[~((s.source == "fixed_aggregated_rate") & (s.gpu_loras <= 16))]
+    steps = s.steps.astype(float)
+    out = pd.DataFrame(dict(
+        source="sched_" + s.source,
+        n_seqs=s.avg_batch_size, n_prefill_tokens=s.processed_tokens / SCHED_OUT * SCHED_IN / steps,
+        n_decode_tokens=s.processed_tokens / steps,
+        ctx_tokens=s.avg_batch_size * (SCHED_IN + SCHED_OUT / 2.0),
+        n_distinct=s.mean_loras_by_batch, max_loras=s.gpu_loras.astype(float),
+        max_rank=s["rank"].astype(float), n_waiting=s.avg_waiting_queue,
+        y=(s.duration - s.max_lora_loading_time) / steps * 1000.0,
+        ysched=s.scheduling_time_per_step_ms, weight=SCHED_SOURCE_WEIGHT))
+    return out.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------- metrics
+def fit_metrics(y, p) -> dict:
+    """n, R^2, MAPE %, SMAPE % (no factor 2, as in DESIGN.md), bias % of predictions p."""
+    y = np.asarray(y, float)
+    p = np.asarray(p, float)
+    n = len(y)
+    if n == 0:
+        return {"n": 0}
+    ss_res = float(np.sum((y - p) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return {
+        "n": n,
+        "r2": (1.0 - ss_res / ss_tot) if ss_tot > 0 else float("nan"),
+        "mape_pct": float(100 * np.mean(np.abs(p - y) / np.abs(y))),
+        "smape_pct": float(100 * np.mean(np.abs(p - y) / (np.abs(y) + np.abs(p)))),
+        "bias_pct": float(100 * np.mean((p - y) / y)),
+    }
+
+
+# ---------------------------------------------------------------------------- tables
+def kv_table(data_dir: Path, model: str) -> tuple[dict[tuple[int, int], int], int, tuple[int, ...]]:
+    """(kv_capacity of starting configs, max_model_len, ranks probed) from memory_capacity.csv."""
+    m = pd.read_csv(_cal(data_dir) / "memory_capacity.csv")
+    m = m[m.model == model]
+    if m.empty:
+        raise ValueError(f"no memory_capacity rows for model {model!r}")
+    mml = int(m.max_model_len.max())
+    ok = m[(m.status == "ok") & m.kv_cache_tokens.notna() & (m.kv_cache_tokens >= m.max_model_len)]
+    kv = {(int(r.max_loras), int(r.max_lora_rank)): int(r.kv_cache_tokens) for r in ok.itertuples()}
+    return kv, mml, tuple(sorted(int(r) for r in m.max_lora_rank.unique()))
+
+
+def load_table(data_dir: Path, model: str) -> dict[tuple[int, int], float]:
+    """Mean measured CPU->GPU load time (ms) per (adapter_rank, max_lora_rank).
+
+    Mean of the single loads measured during the benchmark (adapter_loading_samples.csv,
+    kind cpu_to_gpu, phase measured); falls back to the summary's mean_activation_ms_paper.
+    """
+    cal = _cal(data_dir)
+    out: dict[tuple[int, int], float] = {}
+    p = cal / "adapter_loading_samples.csv"
+    if p.exists():
+        s = pd.read_csv(p)
+        s = s[(s.model == model) & (s.kind == "cpu_to_gpu") & (s.phase == "measured")]
+        for (a, r), g in s.groupby(["adapter_rank", "max_lora_rank"]):
+            out[(int(a), int(r))] = float(g.load_ms.mean())
+    if not out:
+        s = pd.read_csv(cal / "adapter_loading_summary.csv")
+        for r in s[s.model == model].itertuples():
+            out[(int(r.adapter_rank), int(r.max_lora_rank))] = float(r.mean_activation_ms_paper)
+    if not out:
+        raise ValueError(f"no adapter loading data for model {model!r}")
+    return out
+
+
+def backbone_kv(data_dir: Path, model: str) -> int:
+    """KV tokens with LoRA disabled: smallest logged value over the no-LoRA baseline runs
+    (the runs with the largest max_num_seqs leave the least memory, closest to 2048)."""
+    r = pd.read_csv(_cal(data_dir) / "step_latency_runs.csv")
+    r = r[(r.model == model) & r.study.isin(["decode_baseline", "lora_decode_baseline",
+                                             "prefill_baseline"]) & r.kv_cache_tokens.notna()]
+    if r.empty:
+        raise ValueError(f"no baseline kv_cache_tokens for model {model!r}")
+    top = r[r.max_num_seqs == r.max_num_seqs.max()]
+    return int(top.kv_cache_tokens.min())
+
+
+# ---------------------------------------------------------------------------- fit
+def fit_step_coef(rows: pd.DataFrame, sched_offsets: bool = SCHED_OFFSETS) -> tuple[np.ndarray, dict]:
+    """Two-stage fit (see module docstring). Returns (coef of length 11, report dict).
+
+    ``sched_offsets``: give each scheduler-run source file a free additive offset.
+    """
+    X = rows[list(FEATURE_NAMES)]
+    w = rows.weight.to_numpy(float)
+    ok_s = rows.ysched.notna() & (rows.ysched > 0)
+    st1 = StepTimeModel(fit_terms=(0, 2, 9)).fit(X[ok_s], rows.ysched[ok_s], sample_weight=w[ok_s])
+    sched_coef = st1.coef_
+    srcs = sorted(s for s in rows.source.unique() if s.startswith("sched_")) if sched_offsets else []
+    nuis = np.column_stack([(rows.source == s).to_numpy(float) for s in srcs]) if srcs else None
+    best = None
+    for knee in SEQ_KNEES:   # c12 by grid search, the rest by NNLS
+        m = StepTimeModel(seq_knee=knee, fit_terms=tuple(range(9)) + (11,), fixed_coef=sched_coef)
+        m.fit(X, rows.y, sample_weight=w, nuisance=nuis)
+        p = m.predict(X) + (nuis @ m.nuisance_coef_ if srcs else 0.0)
+        loss = float(np.sum((w * (p - rows.y) / rows.y) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, m)
+    st2 = best[1]
+    coef = st2.coef_.copy()
+    pred = st2.predict(X)
+    if srcs:
+        pred_n = pred + nuis @ st2.nuisance_coef_
+    else:
+        pred_n = pred
+    rep: dict = {"step_time": {}, "scheduler_time": {}, "nuisance_offsets_ms": {}}
+    for s, g in rows.groupby("source"):
+        idx = g.index.to_numpy()
+        rep["step_time"][s] = fit_metrics(g.y, pred_n[idx])
+        if s.startswith("sched_"):
+            rep["step_time"][s + " (no offset)"] = fit_metrics(g.y, pred[idx])
+        gs = g[g.ysched.notna() & (g.ysched > 0)]
+        if len(gs):
+            rep["scheduler_time"][s] = fit_metrics(gs.ysched, st1.predict(gs[list(FEATURE_NAMES)]))
+    win = ~rows.source.str.startswith("sched_")
+    rep["step_time"]["ALL model-specific"] = fit_metrics(rows.y[win], pred[win.to_numpy()])
+    for s, v in zip(srcs, (st2.nuisance_coef_ if srcs else [])):
+        rep["nuisance_offsets_ms"][s] = float(v)
+    rep["scheduler_coef"] = {STEP_COEF_NAMES[i]: float(sched_coef[i]) for i in (0, 2, 9)}
+    rep["seq_knee"] = float(coef[12])
+    return coef, rep
+
+
+def sanity_points(coef) -> list[dict]:
+    """Model predictions at the brief's sanity targets (decode, ctx from output length 100)."""
+    from .step_time import step_time_ms_py as f
+    pts = [
+        ("no LoRA decode 50 seqs, out 100", 13.4, (50, 0, 50, 50 * 55, 0, 0, 0, 0)),
+        ("no LoRA decode 760 seqs, out 100", 40.0, (760, 0, 760, 760 * 55, 0, 0, 0, 0)),
+        ("Amax 300 r8 decode 200 seqs, 1 adapter", 36.0, (200, 0, 200, 200 * 55, 1, 300, 8, 0)),
+        ("Amax 300 r8 decode 200 seqs, 128 adapters", 70.0,
+         (200, 0, 200, 200 * 55, 105, 300, 8, 0)),
+    ]
+    return [{"case": c, "target_ms": t, "pred_ms": round(f(coef, *a), 2)} for c, t, a in pts]
+
+
+def validation_check(coef, validation_csv: Path, mean_in: float = 223.0,
+                     mean_out: float = 196.0) -> pd.DataFrame:
+    """Look-only comparison with end-to-end runs (never used for fitting).
+
+    n_seqs = mean_running, n_distinct = min(max_loras, served, running), n_waiting =
+    mean_waiting, decode tokens = n_seqs, prefill tokens per step = n_seqs * mean_in / mean_out
+    (each step replaces the finishing 1/mean_out of the batch), ctx = n_seqs * (mean_in +
+    mean_out / 2). Compared with mean_itl_ms.
+    """
+    from .step_time import step_time_ms_py as f
+    v = pd.read_csv(validation_csv)
+    v = v[v.status == "ok"].copy()
+    preds = []
+    for r in v.itertuples():
+        S = float(r.mean_running)
+        K = min(float(r.max_loras), float(r.served_adapters), S)
+        preds.append(f(coef, S, S * mean_in / mean_out, S, S * (mean_in + mean_out / 2), K,
+                       float(r.max_loras), float(r.max_lora_rank), float(r.mean_waiting)))
+    v["pred_step_ms"] = preds
+    return v[["max_loras", "served_adapters", "max_lora_rank", "rate_set", "mean_running",
+              "mean_waiting", "preemptions_total", "mean_itl_ms", "pred_step_ms"]]
+
+
+def calibrate(data_dir: Path, model: str, name: str | None = None) -> tuple[GpuProfile, dict]:
+    """Fit a profile for ``model`` from ``<data_dir>/calibration``; returns (profile, report)."""
+    data_dir = Path(data_dir)
+    rows = pd.concat([step_rows(data_dir, model), scheduler_rows(data_dir)], ignore_index=True)
+    coef, rep = fit_step_coef(rows)
+    kv, mml, ranks = kv_table(data_dir, model)
+    loads = load_table(data_dir, model)
+    ranks = tuple(sorted(set(ranks) | {r for k in loads for r in k} | {r for _, r in kv}))
+    cal = _cal(data_dir)
+    rep["sanity"] = sanity_points(coef)
+    rep["step_model"] = describe_step_model(coef)
+    prof = GpuProfile(
+        name=name or model, gpu=GPU_NAME, model=model, block_size=16,
+        max_num_batched_tokens=2048, max_num_seqs=2048, max_model_len=mml,
+        kv_capacity=kv, supported_ranks=ranks, step_coef=tuple(float(c) for c in coef),
+        load_ms=loads, backbone_kv_tokens=backbone_kv(data_dir, model),
+        fit_report={k: rep[k] for k in ("step_time", "scheduler_time", "nuisance_offsets_ms",
+                                         "scheduler_coef", "sanity")},
+        source={
+            "data_dir": str(data_dir.resolve()),
+            "files": sorted(p.name for p in cal.glob("*.csv")),
+            "n_rows_by_source": {k: int(v) for k, v in rows.source.value_counts().items()},
+            "shared_sources": ["scheduler_overhead_runs.csv (base model not stated; shared by "
+                               "all profiles, nuisance offset per source file)"],
+            "load_ms_statistic": "mean of measured cpu_to_gpu loads",
+            "backbone_kv_tokens": "min kv_cache_tokens of the no-LoRA runs at the largest "
+                                  "max_num_seqs",
+            "calibrated_on": _dt.date.today().isoformat(),
+            "code": "twin.calibrate",
+        },
+    )
+    return prof, rep
+
+
+def format_report(rep: dict) -> str:
+    """Fit-quality table as text."""
+    lines = [rep.get("step_model", ""), "", "step time (ms) per source:",
+             f"  {'source':40s} {'n':>6s} {'R2':>7s} {'MAPE%':>7s} {'SMAPE%':>7s} {'bias%':>7s}"]
+    for part in ("step_time", "scheduler_time"):
+        if part == "scheduler_time":
+            lines.append("scheduler time (ms) per source:")
+        for s, m in rep[part].items():
+            lines.append(f"  {s:40s} {m['n']:6d} {m['r2']:7.3f} {m['mape_pct']:7.2f} "
+                         f"{m['smape_pct']:7.2f} {m['bias_pct']:7.2f}")
+    lines.append("nuisance offsets (ms): " + json.dumps(
+        {k: round(v, 2) for k, v in rep["nuisance_offsets_ms"].items()}))
+    lines.append("sanity: ")
+    for p in rep["sanity"]:
+        lines.append(f"  {p['case']:45s} target {p['target_ms']:6.1f}  pred {p['pred_ms']:6.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``--data DIR --model M --out FILE [--name N] [--validation CSV]``."""
+    ap = argparse.ArgumentParser(prog="twin calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, type=Path)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--validation", type=Path, default=None,
+                    help="optional validation CSV to print a look-only ITL comparison")
+    a = ap.parse_args(argv)
+    prof, rep = calibrate(a.data, a.model, a.name)
+    print(format_report(rep))
+    if a.validation is not None:
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print(validation_check(prof.step_coef_array(), a.validation).round(2).to_string())
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    prof.to_json(a.out)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

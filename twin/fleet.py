@@ -1,0 +1,83 @@
+"""Simulate a placement: several GPUs, each its own server, simulated in parallel processes.
+
+An adapter may sit on several GPUs with a routing split ``share`` (fractions summing to 1 over
+its GPUs). Routing each request independently at random splits a Poisson stream into independent
+Poisson streams of rate ``share x rate``, so every GPU can be simulated on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from .lengths import LengthModel
+from .metrics import RunMetrics
+from .profile import GpuProfile, load_profile
+from .server import ServerConfig, simulate_server
+from .workload import Adapter
+
+
+@dataclass(frozen=True)
+class GpuAssignment:
+    """One GPU of a placement: its profile, server configuration and (adapter, share) pairs."""
+
+    profile: str
+    config: ServerConfig
+    adapters: tuple[tuple[Adapter, float], ...]
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """Per-GPU metrics and the placement's verdict (feasible = no GPU starves or fails memory)."""
+
+    per_gpu: tuple[RunMetrics, ...]
+
+    @property
+    def feasible(self) -> bool:
+        return not any(m.starved or m.memory_error for m in self.per_gpu)
+
+    @property
+    def throughput_tps(self) -> float:
+        return sum(m.throughput_tps for m in self.per_gpu)
+
+    @property
+    def offered_tps(self) -> float:
+        return sum(m.offered_tps for m in self.per_gpu)
+
+
+def check_shares(gpus: Sequence[GpuAssignment], tol: float = 1e-6) -> None:
+    """Every adapter's shares must be positive and sum to 1 over the GPUs that serve it."""
+    total: dict[str, float] = {}
+    for g, gpu in enumerate(gpus):
+        if not gpu.adapters:
+            raise ValueError(f"gpu {g}: no adapters assigned")
+        for a, share in gpu.adapters:
+            if not 0.0 < share <= 1.0:
+                raise ValueError(f"gpu {g}, adapter '{a.id}': share must be in (0, 1], got {share}")
+            total[a.id] = total.get(a.id, 0.0) + share
+    for aid, s in total.items():
+        if abs(s - 1.0) > tol:
+            raise ValueError(f"adapter '{aid}': routing shares sum to {s:.6f}, not 1")
+
+
+def _simulate_one(args: tuple) -> RunMetrics:
+    profile, gpu, duration_s, lengths, seed = args
+    prof = profile if isinstance(profile, GpuProfile) else load_profile(profile)
+    adapters = [replace(a, rate=a.rate * share) for a, share in gpu.adapters]
+    return simulate_server(prof, adapters, gpu.config, duration_s, lengths=lengths, seed=seed)
+
+
+def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
+                   lengths: LengthModel | None = None, seed: int = 0,
+                   workers: int | None = None) -> FleetResult:
+    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``); ``workers`` processes (default: all
+    cores; 1 = in this process)."""
+    check_shares(gpus)
+    jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g) for g, gpu in enumerate(gpus)]
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(jobs) == 1:
+        return FleetResult(tuple(_simulate_one(j) for j in jobs))
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        return FleetResult(tuple(pool.map(_simulate_one, jobs)))

@@ -1,0 +1,295 @@
+"""The compiled discrete-event loop of one vLLM V1 server (numba).
+
+One iteration = one engine step: the scheduler (rules in :mod:`twin.scheduler`, mirrored here on
+arrays) picks the batch, the adapter slots activate its adapters, the step-time model gives the
+step's duration, and every scheduled request advances. The plain-Python twin of this loop is
+:mod:`twin.reference_kernel`; tests check the two agree exactly.
+
+Waiting queue. vLLM scans one FCFS deque and skips requests whose adapter is not in the batch once
+the batch holds ``max_loras`` distinct adapters; skipped requests keep their places. Here each
+adapter has its own FIFO (a linked list) and every waiting request an order key (arrival index;
+preempted requests get decreasing negative keys, i.e. the front). The earliest eligible request is
+then the smallest head key over all adapters (batch not full) or over the batch's adapters (full),
+which reproduces the deque scan without its O(queue) cost per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .adapter_cache import activate_batch
+from .kv_cache import blocks_for
+from .step_time import step_time_ms
+
+# Indices of the kernel's scalar statistics vector.
+ST_STEPS = 0
+ST_PREEMPTIONS = 1
+ST_LOADS = 2
+ST_BUSY_S = 3
+ST_RUNNING_S = 4        # integral of running requests over time (request-seconds)
+ST_KV_BLOCKS_S = 5      # integral of used KV blocks over time (block-seconds)
+ST_END_T = 6
+ST_MAX_RUNNING = 7
+ST_PREFILL_TOKENS = 8
+ST_DECODE_TOKENS = 9
+ST_MAX_WAITING = 10
+ST_LOAD_S = 11
+ST_DISTINCT_S = 12      # integral of distinct adapters in the batch over busy time
+ST_SCHED_STEPS_MAXED = 13  # steps in which the batch reached max_loras distinct adapters
+N_STATS = 14
+
+ITL_HIST_BINS = 4000
+ITL_HIST_LO_MS = 0.1
+ITL_HIST_DECADES = 8.0   # bins cover 0.1 ms .. 1e7 ms, log-spaced
+
+
+@njit(cache=True)
+def itl_bin(gap_ms: float) -> int:
+    """Log-spaced histogram bin of an inter-token gap."""
+    if gap_ms <= ITL_HIST_LO_MS:
+        return 0
+    b = int(np.log10(gap_ms / ITL_HIST_LO_MS) / ITL_HIST_DECADES * ITL_HIST_BINS)
+    return min(b, ITL_HIST_BINS - 1)
+
+
+@njit(cache=True)
+def _pop_head(a, head, tail, nxt):
+    r = head[a]
+    head[a] = nxt[r]
+    if head[a] < 0:
+        tail[a] = -1
+    nxt[r] = -1
+    return r
+
+
+@njit(cache=True)
+def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
+                    max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
+                    max_num_seqs, duration, step_coef,
+                    first_t, finish_t, stats, itl_hist):
+    """Simulate requests (sorted by ``arrival``) on one server until ``duration`` seconds.
+
+    Writes ``first_t`` (first-token time, -1 if none) and ``finish_t`` (-1 if unfinished) per
+    request, the scalar ``stats`` (indices ``ST_*``) and an inter-token-gap histogram.
+    ``max_loras == 0`` disables LoRA (no distinct-adapter rule, no loads).
+    """
+    n_req = arrival.shape[0]
+    lora = max_loras > 0
+
+    # per-request state
+    computed = np.zeros(n_req, np.int64)
+    gen = np.zeros(n_req, np.int64)
+    held = np.zeros(n_req, np.int64)
+    key = np.zeros(n_req, np.int64)
+    nxt = np.full(n_req, -1, np.int64)
+    last_tok_t = np.zeros(n_req, np.float64)
+
+    # per-adapter waiting FIFOs
+    head = np.full(n_adapters, -1, np.int64)
+    tail = np.full(n_adapters, -1, np.int64)
+
+    # adapter slots
+    slot_of = np.full(n_adapters, -1, np.int64)
+    last_used = np.zeros(n_adapters, np.int64)
+    resident = np.full(max(max_loras, 1), -1, np.int64)
+    n_resident = np.zeros(1, np.int64)
+    in_batch = np.full(n_adapters, -1, np.int64)
+    touch = np.int64(0)
+
+    cap_seqs = min(max_num_seqs, n_req) + 1
+    running = np.empty(cap_seqs, np.int64)
+    sched_new = np.empty(cap_seqs, np.int64)
+    batch_adapters = np.empty(max(n_adapters, 1), np.int64)
+
+    free_blocks = kv_blocks
+    n_run = 0
+    n_wait = 0
+    next_arr = 0
+    preempt_key = np.int64(0)
+    t = 0.0
+    step_id = np.int64(0)
+
+    while True:
+        # arrivals up to now join their adapter's FIFO
+        while next_arr < n_req and arrival[next_arr] <= t:
+            r = next_arr
+            a = adapter[r]
+            key[r] = r
+            if tail[a] < 0:
+                head[a] = r
+            else:
+                nxt[tail[a]] = r
+            tail[a] = r
+            n_wait += 1
+            next_arr += 1
+        if n_wait > stats[ST_MAX_WAITING]:
+            stats[ST_MAX_WAITING] = n_wait
+        if t >= duration:
+            break
+        if n_run == 0 and n_wait == 0:
+            if next_arr >= n_req or arrival[next_arr] >= duration:
+                break
+            t = arrival[next_arr]
+            continue
+
+        step_id += 1
+        budget = max_batched_tokens
+        n_distinct = 0
+        preempted = False
+        n_prefill = 0
+        n_decode = 0
+        ctx = 0
+
+        # 1) running requests, in order, while budget lasts; preempt from the tail when short
+        i = 0
+        while i < n_run and budget > 0:
+            r = running[i]
+            new = in_len[r] + gen[r] - computed[r]
+            if new > budget:
+                new = budget
+            ok = True
+            while True:
+                need = blocks_for(computed[r] + new, block_size) - held[r]
+                if need <= free_blocks:
+                    free_blocks -= need
+                    held[r] += need
+                    break
+                v = running[n_run - 1]
+                n_run -= 1
+                free_blocks += held[v]
+                held[v] = 0
+                computed[v] = 0
+                preempt_key -= 1
+                key[v] = preempt_key
+                av = adapter[v]
+                nxt[v] = head[av]
+                head[av] = v
+                if tail[av] < 0:
+                    tail[av] = v
+                n_wait += 1
+                stats[ST_PREEMPTIONS] += 1
+                preempted = True
+                if v == r:
+                    ok = False
+                    break
+            if not ok:
+                break
+            sched_new[i] = new
+            a = adapter[r]
+            if in_batch[a] != step_id:
+                in_batch[a] = step_id
+                batch_adapters[n_distinct] = a
+                n_distinct += 1
+            budget -= new
+            i += 1
+        n_sched = i
+
+        # 2) waiting requests, FCFS with the distinct-adapter rule (not after a preemption)
+        if not preempted and n_sched == n_run:
+            while n_wait > 0 and budget > 0:
+                if n_run >= max_num_seqs:
+                    break
+                best = -1
+                best_a = -1
+                if lora and n_distinct >= max_loras:
+                    for k in range(n_distinct):
+                        b = batch_adapters[k]
+                        h = head[b]
+                        if h >= 0 and (best < 0 or key[h] < key[best]):
+                            best = h
+                            best_a = b
+                else:
+                    for b in range(n_adapters):
+                        h = head[b]
+                        if h >= 0 and (best < 0 or key[h] < key[best]):
+                            best = h
+                            best_a = b
+                if best < 0:
+                    break
+                r = best
+                new = in_len[r] + gen[r] - computed[r]
+                if new > budget:
+                    new = budget
+                need = blocks_for(computed[r] + new, block_size) - held[r]
+                if need > free_blocks:
+                    break
+                _pop_head(best_a, head, tail, nxt)
+                n_wait -= 1
+                free_blocks -= need
+                held[r] += need
+                running[n_run] = r
+                sched_new[n_run] = new
+                n_run += 1
+                n_sched += 1
+                if in_batch[best_a] != step_id:
+                    in_batch[best_a] = step_id
+                    batch_adapters[n_distinct] = best_a
+                    n_distinct += 1
+                budget -= new
+
+        if n_sched == 0:
+            # nothing can run until something arrives (cannot happen with validated inputs)
+            if next_arr >= n_req or arrival[next_arr] >= duration:
+                break
+            if arrival[next_arr] > t:
+                t = arrival[next_arr]
+            continue
+
+        # 3) step composition and duration
+        for k in range(n_sched):
+            r = running[k]
+            ctx += computed[r]
+            if gen[r] > 0 and in_len[r] + gen[r] - computed[r] == 1:
+                n_decode += 1
+            else:
+                n_prefill += sched_new[k]
+        load_total = 0.0
+        if lora:
+            load_total, loads, touch = activate_batch(
+                batch_adapters, n_distinct, slot_of, last_used, resident, n_resident,
+                max_loras, in_batch, step_id, touch, load_ms)
+            stats[ST_LOADS] += loads
+            if n_distinct >= max_loras:
+                stats[ST_SCHED_STEPS_MAXED] += 1
+        dt = (step_time_ms(step_coef, n_sched, n_prefill, n_decode, ctx, n_distinct,
+                           max_loras, max_rank, n_wait) + load_total) / 1000.0
+        t_end = t + dt
+        used = kv_blocks - free_blocks
+        stats[ST_STEPS] += 1
+        stats[ST_BUSY_S] += dt
+        stats[ST_LOAD_S] += load_total / 1000.0
+        stats[ST_RUNNING_S] += n_run * dt
+        stats[ST_KV_BLOCKS_S] += used * dt
+        stats[ST_DISTINCT_S] += n_distinct * dt
+        stats[ST_PREFILL_TOKENS] += n_prefill
+        stats[ST_DECODE_TOKENS] += n_decode
+        if n_run > stats[ST_MAX_RUNNING]:
+            stats[ST_MAX_RUNNING] = n_run
+
+        # 4) advance scheduled requests; finished ones leave the running list (order kept)
+        keep = 0
+        for k in range(n_run):
+            r = running[k]
+            done = False
+            if k < n_sched:
+                computed[r] += sched_new[k]
+                if computed[r] == in_len[r] + gen[r]:
+                    gen[r] += 1
+                    if gen[r] == 1:
+                        first_t[r] = t_end
+                    else:
+                        itl_hist[itl_bin((t_end - last_tok_t[r]) * 1000.0)] += 1
+                    last_tok_t[r] = t_end
+                    if gen[r] >= out_len[r]:
+                        done = True
+                        finish_t[r] = t_end
+                        free_blocks += held[r]
+                        held[r] = 0
+            if not done:
+                running[keep] = r
+                keep += 1
+        n_run = keep
+        t = t_end
+    stats[ST_END_T] = t
+    return n_run, n_wait

@@ -1,0 +1,736 @@
+"""Request length models (input/output tokens per request).
+
+Every model is a frozen dataclass with
+
+* ``sample(n, rng) -> (input_len, output_len)`` — two int32 arrays, all values >= 1;
+* ``mean_input`` / ``mean_output`` — the *exact* expected values of what ``sample`` returns
+  (rounding and clipping included), computed from the model's probability mass function;
+* ``describe()`` — a JSON-able summary for reports; ``to_dict()`` / ``length_model_from_dict``
+  — a round-trippable JSON form (``{"kind": "fixed" | "clipped_normal" | "empirical" |
+  "sharegpt", ...}``).
+
+Clipping follows the real benchmark's ShareGPT filter (``min_len <= len``, ``prompt <=
+max_input``, ``prompt + output <= max_total``) but *clips* instead of rejecting: the input is
+drawn and clipped to ``[min_len, max_input]``, the output is drawn independently and clipped to
+``[min_len, max_total - input]``.
+
+The bundled ShareGPT-like model (``profiles/sharegpt_lengths.json``) is a 30-bin histogram per
+dimension digitised from the benchmark authors' plots (Llama-2 tokenizer); it is produced by
+``fit_sharegpt_histogram`` (run ``python -m twin.lengths CSV [OUT]`` to regenerate it).
+``sharegpt_lengths(mean_input, mean_output)`` rescales it to given exact means (e.g. the
+validation pools' ≈223 / 196 tokens with the Llama-3.1 tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from functools import cached_property
+from importlib import resources
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "LengthModel",
+    "FixedLengths",
+    "ClippedNormalLengths",
+    "EmpiricalLengths",
+    "fit_sharegpt_histogram",
+    "sharegpt_lengths",
+    "length_model_from_dict",
+    "load_length_model",
+    "save_length_model",
+    "as_generator",
+    "SHAREGPT_PROFILE",
+]
+
+SHAREGPT_PROFILE = "sharegpt_lengths.json"
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def as_generator(rng: np.random.Generator | int | np.integer) -> np.random.Generator:
+    """Return ``rng`` if it is a Generator, else ``np.random.default_rng(rng)`` for an int seed."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        if rng < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {rng}")
+        return np.random.default_rng(int(rng))
+    raise ValueError(f"rng must be a numpy.random.Generator or an integer seed, got {type(rng).__name__}")
+
+
+@runtime_checkable
+class LengthModel(Protocol):
+    """What the workload generator needs from a length model."""
+
+    @property
+    def mean_input(self) -> float: ...
+
+    @property
+    def mean_output(self) -> float: ...
+
+    def sample(self, n: int, rng: np.random.Generator | int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def describe(self) -> dict: ...
+
+    def to_dict(self) -> dict: ...
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+def _check_int(owner: str, name: str, value: Any, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{owner}: {name} must be an integer, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_float(owner: str, name: str, value: Any, *, positive: bool = False, nonneg: bool = False) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{owner}: {name} must be a number, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{owner}: {name} must be finite, got {v}")
+    if positive and v <= 0:
+        raise ValueError(f"{owner}: {name} must be > 0, got {v}")
+    if nonneg and v < 0:
+        raise ValueError(f"{owner}: {name} must be >= 0, got {v}")
+    return v
+
+
+def _check_limits(owner: str, min_len: Any, max_input: Any, max_total: Any) -> tuple[int, int | None, int | None]:
+    min_len = _check_int(owner, "min_len", min_len, 1)
+    if max_input is not None:
+        max_input = _check_int(owner, "max_input", max_input, min_len)
+    if max_total is not None:
+        max_total = _check_int(owner, "max_total", max_total, 2 * min_len)
+        if max_input is not None and max_input + min_len > max_total:
+            raise ValueError(
+                f"{owner}: max_input + min_len must be <= max_total so every output can have "
+                f"min_len tokens, got {max_input} + {min_len} > {max_total}"
+            )
+    return min_len, max_input, max_total
+
+
+def _check_n(n: Any) -> int:
+    return _check_int("sample", "n", n, 0)
+
+
+def _clip_pair(
+    raw_in: np.ndarray, raw_out: np.ndarray, min_len: int, max_input: int | None, max_total: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Apply the benchmark filter as clipping; inputs are float (already rounded) arrays."""
+    hi_in = max_input if max_input is not None else (max_total - min_len if max_total is not None else _INT32_MAX)
+    inp = np.clip(raw_in, min_len, hi_in)
+    out = np.maximum(raw_out, min_len)
+    if max_total is not None:
+        out = np.minimum(out, max_total - inp)
+    else:
+        out = np.minimum(out, _INT32_MAX)
+    return inp.astype(np.int32), out.astype(np.int32)
+
+
+# --------------------------------------------------------------------------- exact means from PMFs
+
+
+def _input_pmf_clipped(support: np.ndarray, pmf: np.ndarray, lo: int, hi: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Push the mass of an integer PMF outside [lo, hi] onto the bounds; returns (support, pmf)."""
+    vals = np.clip(support, lo, hi if hi is not None else np.inf)
+    uniq, inv = np.unique(vals, return_inverse=True)
+    p = np.bincount(inv, weights=pmf, minlength=len(uniq))
+    return uniq.astype(np.float64), p
+
+
+def _mean_min(support: np.ndarray, pmf: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """E[min(O, h)] for each h, where O has sorted integer ``support`` with probabilities ``pmf``."""
+    cum_p = np.concatenate(([0.0], np.cumsum(pmf)))
+    cum_vp = np.concatenate(([0.0], np.cumsum(pmf * support)))
+    k = np.searchsorted(support, h, side="left")  # support[:k] < h
+    total = cum_p[-1]
+    return cum_vp[k] + h * (total - cum_p[k])
+
+
+def _exact_means(
+    in_support: np.ndarray,
+    in_pmf: np.ndarray,
+    out_support: np.ndarray,
+    out_pmf: np.ndarray,
+    min_len: int,
+    max_input: int | None,
+    max_total: int | None,
+) -> tuple[float, float]:
+    """Exact means of the clipped (input, output) pair for independent integer PMFs."""
+    hi_in = max_input if max_input is not None else (max_total - min_len if max_total is not None else None)
+    si, pi = _input_pmf_clipped(in_support, in_pmf, min_len, hi_in)
+    so, po = _input_pmf_clipped(out_support, out_pmf, min_len, None)
+    mean_in = float(np.dot(si, pi) / pi.sum())
+    if max_total is None:
+        mean_out = float(np.dot(so, po) / po.sum())
+    else:
+        mean_out = float(np.dot(pi, _mean_min(so, po, max_total - si)) / (pi.sum() * po.sum()))
+    return mean_in, mean_out
+
+
+def _hist_pmf(edges: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PMF of rint(U), U from the piecewise-uniform histogram density (exact, via the linear CDF)."""
+    lo = math.floor(edges[0] - 0.5)
+    hi = math.ceil(edges[-1] + 0.5)
+    m = np.arange(max(lo, 0), hi + 1, dtype=np.float64)
+    cdf_knots = np.concatenate(([0.0], np.cumsum(probs)))
+    cdf = np.interp(np.concatenate((m - 0.5, [m[-1] + 0.5])), edges, cdf_knots)
+    # mass below 0 (edges >= 0 enforced, so none) / above the last point (none): pmf sums to 1
+    return m, np.diff(cdf)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _normal_rounded_pmf(mu: float, sigma: float, lo: int, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """PMF of clip(rint(X), lo, hi) for X ~ N(mu, sigma^2) (tails lumped onto the bounds)."""
+    if sigma == 0.0:
+        v = float(np.clip(np.rint(mu), lo, hi))
+        return np.array([v]), np.array([1.0])
+    if not math.isfinite(hi):
+        hi = max(lo, math.ceil(mu + 40.0 * sigma) + 1)
+    hi = int(hi)
+    m = np.arange(lo, hi + 1, dtype=np.float64)
+    with np.errstate(over="ignore", divide="ignore"):  # tiny sigma: +-inf, erf handles it
+        x = (np.concatenate((m - 0.5, [hi + 0.5])) - mu) / (sigma * math.sqrt(2.0))
+    cdf = 0.5 * (1.0 + _erf(x).astype(np.float64))
+    pmf = np.diff(cdf)
+    pmf[0] += cdf[0]  # everything below lo - 0.5 rounds to <= lo - 1 and is clipped to lo
+    pmf[-1] += 1.0 - cdf[-1]
+    return m, pmf
+
+
+def _solve_scale(f, target: float, what: str, lo_bound: float, hi_bound: float) -> float:
+    """Find s > 0 with f(s) = target for a non-decreasing f (bisection in log space)."""
+    if not (lo_bound < target < hi_bound):
+        raise ValueError(f"{what} must be strictly between {lo_bound:g} and {hi_bound:g} for this model, got {target:g}")
+    a, b = 1.0, 1.0
+    fa = fb = f(1.0)
+    for _ in range(200):
+        if fa <= target:
+            break
+        a /= 2.0
+        fa = f(a)
+    for _ in range(200):
+        if fb >= target:
+            break
+        b *= 2.0
+        fb = f(b)
+    if not (fa <= target <= fb):
+        raise ValueError(f"{what}: cannot reach target mean {target:g} by rescaling (range {fa:g}..{fb:g})")
+    for _ in range(200):
+        if b / a - 1.0 < 1e-13:
+            break
+        mid = math.sqrt(a * b)
+        fm = f(mid)
+        if fm < target:
+            a, fa = mid, fm
+        else:
+            b, fb = mid, fm
+    return a if abs(fa - target) <= abs(fb - target) else b
+
+
+# --------------------------------------------------------------------------- serialisation mixin
+
+
+class _Base:
+    kind: str = ""
+
+    def to_dict(self) -> dict:
+        """Round-trippable JSON form: ``{"kind": ..., <fields>}``."""
+        d: dict[str, Any] = {"kind": self.kind}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            d[f.name] = list(v) if isinstance(v, tuple) else v
+        return d
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``to_dict()`` as JSON to ``path``."""
+        save_length_model(self, path)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class FixedLengths(_Base):
+    """Every request has exactly ``input_len`` prompt and ``output_len`` output tokens."""
+
+    input_len: int
+    output_len: int
+    kind = "fixed"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_len", _check_int("FixedLengths", "input_len", self.input_len, 1))
+        object.__setattr__(self, "output_len", _check_int("FixedLengths", "output_len", self.output_len, 1))
+
+    @property
+    def mean_input(self) -> float:
+        return float(self.input_len)
+
+    @property
+    def mean_output(self) -> float:
+        return float(self.output_len)
+
+    def sample(self, n: int, rng: np.random.Generator | int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``n`` copies of the fixed lengths (``rng`` unused)."""
+        n = _check_n(n)
+        return np.full(n, self.input_len, np.int32), np.full(n, self.output_len, np.int32)
+
+    def describe(self) -> dict:
+        return {**self.to_dict(), "mean_input": self.mean_input, "mean_output": self.mean_output}
+
+
+@dataclass(frozen=True)
+class ClippedNormalLengths(_Base):
+    """Normal lengths N(mu, sigma^2), rounded to int and clipped by the benchmark filter.
+
+    ``mu_*``/``sigma_*`` are the parameters *before* rounding and clipping; ``mean_input`` /
+    ``mean_output`` are the exact means after it (the paper's twin ignored this difference and
+    inflated lengths by ~10 %). ``None`` disables a limit.
+    """
+
+    mu_input: float
+    sigma_input: float
+    mu_output: float
+    sigma_output: float
+    min_len: int = 1
+    max_input: int | None = 1024
+    max_total: int | None = 2048
+    kind = "clipped_normal"
+
+    def __post_init__(self) -> None:
+        o = "ClippedNormalLengths"
+        for name in ("mu_input", "mu_output"):
+            object.__setattr__(self, name, _check_float(o, name, getattr(self, name)))
+        for name in ("sigma_input", "sigma_output"):
+            object.__setattr__(self, name, _check_float(o, name, getattr(self, name), nonneg=True))
+        mn, mi, mt = _check_limits(o, self.min_len, self.max_input, self.max_total)
+        object.__setattr__(self, "min_len", mn)
+        object.__setattr__(self, "max_input", mi)
+        object.__setattr__(self, "max_total", mt)
+        for name in ("input", "output"):
+            mu, sd = getattr(self, f"mu_{name}"), getattr(self, f"sigma_{name}")
+            if abs(mu) + 40 * sd > 1e7:
+                raise ValueError(f"{o}: mu_{name} / sigma_{name} too large for token lengths ({mu}, {sd})")
+
+    @cached_property
+    def _means(self) -> tuple[float, float]:
+        hi_in = self.max_input if self.max_input is not None else (
+            self.max_total - self.min_len if self.max_total is not None else math.inf)
+        si, pi = _normal_rounded_pmf(self.mu_input, self.sigma_input, self.min_len, hi_in)
+        so, po = _normal_rounded_pmf(self.mu_output, self.sigma_output, self.min_len,
+                                     self.max_total - self.min_len if self.max_total is not None else math.inf)
+        return _exact_means(si, pi, so, po, self.min_len, self.max_input, self.max_total)
+
+    @property
+    def mean_input(self) -> float:
+        return self._means[0]
+
+    @property
+    def mean_output(self) -> float:
+        return self._means[1]
+
+    def sample(self, n: int, rng: np.random.Generator | int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` (input, output) pairs from ``rng`` (the first k of n draws equal a k-draw)."""
+        n = _check_n(n)
+        g = as_generator(rng)
+        z = g.standard_normal((n, 2))  # row-major: request k's lengths do not depend on n
+        raw_in = np.rint(self.mu_input + self.sigma_input * z[:, 0])
+        raw_out = np.rint(self.mu_output + self.sigma_output * z[:, 1])
+        return _clip_pair(raw_in, raw_out, self.min_len, self.max_input, self.max_total)
+
+    def describe(self) -> dict:
+        return {**self.to_dict(), "mean_input": self.mean_input, "mean_output": self.mean_output}
+
+
+@dataclass(frozen=True)
+class EmpiricalLengths(_Base):
+    """Empirical lengths: per-dimension histograms, or observed (input, output) pairs.
+
+    *Histogram mode* (``input_edges``/``input_probs``/``output_edges``/``output_probs``): input
+    and output are independent; a value is uniform within its bin, multiplied by the dimension's
+    ``*_scale``, rounded to the nearest int and clipped (see module doc).
+
+    *Pairs mode* (``pair_inputs``/``pair_outputs``): a pair is drawn uniformly (jointly), each
+    value multiplied by its scale, rounded and clipped.
+
+    ``scaled_to(mean_input, mean_output)`` returns a copy whose scales make the exact means hit
+    the targets. Probabilities are normalised on construction.
+    """
+
+    input_edges: tuple[float, ...] = ()
+    input_probs: tuple[float, ...] = ()
+    output_edges: tuple[float, ...] = ()
+    output_probs: tuple[float, ...] = ()
+    pair_inputs: tuple[int, ...] = ()
+    pair_outputs: tuple[int, ...] = ()
+    input_scale: float = 1.0
+    output_scale: float = 1.0
+    min_len: int = 1
+    max_input: int | None = 1024
+    max_total: int | None = 2048
+    name: str = "empirical"
+    source: str = ""
+    kind = "empirical"
+
+    # -- construction
+
+    def __post_init__(self) -> None:
+        o = f"EmpiricalLengths '{self.name}'"
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        has_hist = any(len(getattr(self, k)) for k in ("input_edges", "input_probs", "output_edges", "output_probs"))
+        has_pairs = bool(len(self.pair_inputs) or len(self.pair_outputs))
+        if has_hist == has_pairs:
+            raise ValueError(f"{o}: give either histograms (input/output edges+probs) or pairs (pair_inputs/"
+                             "pair_outputs), not both or neither")
+        if has_hist:
+            for dim in ("input", "output"):
+                edges, probs = self._check_hist(o, dim, getattr(self, f"{dim}_edges"), getattr(self, f"{dim}_probs"))
+                set_(f"{dim}_edges", edges)
+                set_(f"{dim}_probs", probs)
+        else:
+            ins = self._check_ints(o, "pair_inputs", self.pair_inputs)
+            outs = self._check_ints(o, "pair_outputs", self.pair_outputs)
+            if len(ins) != len(outs):
+                raise ValueError(f"{o}: pair_inputs and pair_outputs must have equal length, got {len(ins)} and {len(outs)}")
+            set_("pair_inputs", ins)
+            set_("pair_outputs", outs)
+        set_("input_scale", _check_float(o, "input_scale", self.input_scale, positive=True))
+        set_("output_scale", _check_float(o, "output_scale", self.output_scale, positive=True))
+        mn, mi, mt = _check_limits(o, self.min_len, self.max_input, self.max_total)
+        set_("min_len", mn)
+        set_("max_input", mi)
+        set_("max_total", mt)
+        if not isinstance(self.name, str) or not isinstance(self.source, str):
+            raise ValueError(f"{o}: name and source must be strings")
+
+    @staticmethod
+    def _check_hist(o: str, dim: str, edges: Any, probs: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        try:
+            e = np.asarray(edges, dtype=np.float64).ravel()
+            p = np.asarray(probs, dtype=np.float64).ravel()
+        except (TypeError, ValueError):
+            raise ValueError(f"{o}: {dim}_edges and {dim}_probs must be sequences of numbers") from None
+        if len(e) < 2:
+            raise ValueError(f"{o}: {dim}_edges needs at least 2 edges, got {len(e)}")
+        if len(p) != len(e) - 1:
+            raise ValueError(f"{o}: {dim}_probs must have len({dim}_edges) - 1 = {len(e) - 1} entries, got {len(p)}")
+        if not np.all(np.isfinite(e)) or e[0] < 0 or np.any(np.diff(e) <= 0):
+            raise ValueError(f"{o}: {dim}_edges must be finite, >= 0 and strictly increasing")
+        if not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+            raise ValueError(f"{o}: {dim}_probs must be finite, >= 0 and not all zero")
+        if abs(p.sum() - 1.0) > 1e-12:  # normalise (once: already-normalised input is kept exactly)
+            p = p / p.sum()
+        return tuple(float(x) for x in e), tuple(float(x) for x in p)
+
+    @staticmethod
+    def _check_ints(o: str, name: str, values: Any) -> tuple[int, ...]:
+        try:
+            a = np.asarray(values, dtype=np.float64).ravel()
+        except (TypeError, ValueError):
+            raise ValueError(f"{o}: {name} must be a sequence of integers") from None
+        if len(a) == 0:
+            raise ValueError(f"{o}: {name} is empty")
+        bad = ~np.isfinite(a) | (a < 1) | (a != np.round(a)) | (a > _INT32_MAX)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{o}: {name}[{i}] must be an integer >= 1, got {float(a[i]):g}")
+        return tuple(int(x) for x in a)
+
+    @classmethod
+    def from_pairs(cls, inputs: Any, outputs: Any, **kwargs: Any) -> "EmpiricalLengths":
+        """Model that resamples observed (input, output) pairs jointly."""
+        return cls(pair_inputs=inputs, pair_outputs=outputs, **kwargs)  # validated in __post_init__
+
+    @classmethod
+    def from_histograms(cls, input_edges: Any, input_probs: Any, output_edges: Any, output_probs: Any,
+                        **kwargs: Any) -> "EmpiricalLengths":
+        """Model from bin edges and (unnormalised) bin weights per dimension."""
+        return cls(input_edges=input_edges, input_probs=input_probs, output_edges=output_edges,
+                   output_probs=output_probs, **kwargs)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "EmpiricalLengths":
+        """Load an ``empirical`` model from a JSON file written by ``save``."""
+        m = load_length_model(path)
+        if not isinstance(m, EmpiricalLengths):
+            raise ValueError(f"{path}: expected an empirical length model, got kind '{m.kind}'")
+        return m
+
+    # -- properties
+
+    @property
+    def is_pairs(self) -> bool:
+        return len(self.pair_inputs) > 0
+
+    @cached_property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        if self.is_pairs:
+            return {"pin": np.asarray(self.pair_inputs, np.float64), "pout": np.asarray(self.pair_outputs, np.float64)}
+        return {
+            "ie": np.asarray(self.input_edges), "ic": np.cumsum(self.input_probs),
+            "oe": np.asarray(self.output_edges), "oc": np.cumsum(self.output_probs),
+        }
+
+    def _means_for(self, s_in: float, s_out: float) -> tuple[float, float]:
+        a = self._arrays
+        if self.is_pairs:
+            i, o = _clip_pair(np.rint(a["pin"] * s_in), np.rint(a["pout"] * s_out),
+                              self.min_len, self.max_input, self.max_total)
+            return float(i.mean()), float(o.mean())
+        si, pi = _hist_pmf(a["ie"] * s_in, np.asarray(self.input_probs))
+        so, po = _hist_pmf(a["oe"] * s_out, np.asarray(self.output_probs))
+        return _exact_means(si, pi, so, po, self.min_len, self.max_input, self.max_total)
+
+    @cached_property
+    def _means(self) -> tuple[float, float]:
+        return self._means_for(self.input_scale, self.output_scale)
+
+    @property
+    def mean_input(self) -> float:
+        return self._means[0]
+
+    @property
+    def mean_output(self) -> float:
+        return self._means[1]
+
+    # -- sampling
+
+    def sample(self, n: int, rng: np.random.Generator | int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` (input, output) pairs from ``rng`` (the first k of n draws equal a k-draw)."""
+        n = _check_n(n)
+        g = as_generator(rng)
+        a = self._arrays
+        if self.is_pairs:
+            idx = g.integers(0, len(a["pin"]), n)
+            raw_in, raw_out = a["pin"][idx] * self.input_scale, a["pout"][idx] * self.output_scale
+        else:
+            u = g.random((n, 4))  # row-major: request k's lengths do not depend on n
+            raw_in = self._draw_hist(u[:, 0], u[:, 1], a["ie"], a["ic"]) * self.input_scale
+            raw_out = self._draw_hist(u[:, 2], u[:, 3], a["oe"], a["oc"]) * self.output_scale
+        return _clip_pair(np.rint(raw_in), np.rint(raw_out), self.min_len, self.max_input, self.max_total)
+
+    @staticmethod
+    def _draw_hist(u_bin: np.ndarray, u_pos: np.ndarray, edges: np.ndarray, cum: np.ndarray) -> np.ndarray:
+        k = np.minimum(np.searchsorted(cum, u_bin * cum[-1], side="right"), len(cum) - 1)
+        lo = edges[k]
+        return lo + u_pos * (edges[k + 1] - lo)
+
+    # -- rescaling
+
+    def scaled_to(self, mean_input: float | None = None, mean_output: float | None = None) -> "EmpiricalLengths":
+        """Copy whose exact means equal the targets (``None`` keeps that dimension's scale).
+
+        The input scale is solved first (its mean does not depend on the output), then the
+        output scale given the input distribution (the output mean depends on the input through
+        the ``max_total`` clip). Scaling multiplies bin edges (or pair values) before rounding.
+        In pairs mode the mean is a step function of the scale; the closest value is returned.
+        """
+        o = f"EmpiricalLengths '{self.name}'.scaled_to"
+        s_in, s_out = self.input_scale, self.output_scale
+        hi_in = self.max_input if self.max_input is not None else (
+            self.max_total - self.min_len if self.max_total is not None else math.inf)
+        if mean_input is not None:
+            t = _check_float(o, "mean_input", mean_input, positive=True)
+            s_in = _solve_scale(lambda s: self._means_for(s, s_out)[0], t, f"{o}: mean_input",
+                                float(self.min_len), float(hi_in))
+        if mean_output is not None:
+            t = _check_float(o, "mean_output", mean_output, positive=True)
+            hi_out = math.inf
+            if self.max_total is not None:  # E[max_total - input] is the limit as the scale grows
+                hi_out = self.max_total - self._means_for(s_in, s_out)[0]
+            s_out = _solve_scale(lambda s: self._means_for(s_in, s)[1], t, f"{o}: mean_output",
+                                 float(self.min_len), hi_out)
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw.update(input_scale=s_in, output_scale=s_out)
+        return EmpiricalLengths(**kw)
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        drop = ("input_edges", "input_probs", "output_edges", "output_probs") if self.is_pairs else (
+            "pair_inputs", "pair_outputs")
+        for k in drop:
+            d.pop(k)
+        return d
+
+    def describe(self) -> dict:
+        d: dict[str, Any] = {
+            "kind": self.kind, "name": self.name, "source": self.source,
+            "mode": "pairs" if self.is_pairs else "histogram",
+            "input_scale": self.input_scale, "output_scale": self.output_scale,
+            "min_len": self.min_len, "max_input": self.max_input, "max_total": self.max_total,
+            "mean_input": self.mean_input, "mean_output": self.mean_output,
+        }
+        if self.is_pairs:
+            d["n_pairs"] = len(self.pair_inputs)
+        else:
+            d["n_bins_input"] = len(self.input_probs)
+            d["n_bins_output"] = len(self.output_probs)
+        return d
+
+
+# --------------------------------------------------------------------------- ShareGPT profile
+
+
+def fit_sharegpt_histogram(csv_path: str | os.PathLike) -> EmpiricalLengths:
+    """Build the ShareGPT-like histogram model from the digitised CSV.
+
+    The CSV has columns ``histogram`` (``prompt_lengths`` / ``output_lengths``), ``bin``,
+    ``bin_lo_tokens``, ``bin_hi_tokens``, ``count_approx``. Bins must be contiguous. The model
+    uses the real benchmark filter (4 <= len, prompt <= 1024, prompt + output <= 2048) as clips.
+    """
+    import pandas as pd
+
+    name = os.path.basename(os.fspath(csv_path))
+    try:
+        df = pd.read_csv(csv_path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ValueError(f"{name}: cannot read histogram CSV ({e})") from None
+    need = ["histogram", "bin", "bin_lo_tokens", "bin_hi_tokens", "count_approx"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name}: missing column(s) {missing}")
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for hist, dim in (("prompt_lengths", "input"), ("output_lengths", "output")):
+        part = df[df["histogram"] == hist]
+        if part.empty:
+            raise ValueError(f"{name}: no rows with histogram == '{hist}'")
+        for col in ("bin", "bin_lo_tokens", "bin_hi_tokens", "count_approx"):
+            vals = pd.to_numeric(part[col], errors="coerce")
+            if vals.isna().any():
+                row = int(vals.index[vals.isna()][0]) + 1
+                raise ValueError(f"{name} row {row}, column '{col}': not a number ({part[col].loc[row - 1]!r})")
+        part = part.sort_values("bin")
+        lo = part["bin_lo_tokens"].to_numpy(float)
+        hi = part["bin_hi_tokens"].to_numpy(float)
+        if not np.allclose(lo[1:], hi[:-1], atol=1e-6):
+            raise ValueError(f"{name}: '{hist}' bins are not contiguous")
+        out[dim] = ([float(lo[0]), *map(float, hi)], list(map(float, part["count_approx"].to_numpy(float))))
+    return EmpiricalLengths.from_histograms(
+        out["input"][0], out["input"][1], out["output"][0], out["output"][1],
+        min_len=4, max_input=1024, max_total=2048, name="sharegpt_llama2_approx",
+        source=f"digitised 30-bin ShareGPT_V3 histograms (Llama-2 tokenizer) from {name}; "
+               "filter 4<=len, prompt<=1024, prompt+output<=2048 applied as clipping",
+    )
+
+
+def _profile_text() -> str:
+    return resources.files("twin").joinpath("profiles", SHAREGPT_PROFILE).read_text(encoding="utf-8")
+
+
+# Pool-weighted mean lengths of the shared Llama-3.1 validation pools (ShareGPT first turns,
+# 4 <= len, prompt <= 1024, prompt + output <= 2048): the default workload of the toolkit.
+DEFAULT_MEAN_INPUT = 223.0
+DEFAULT_MEAN_OUTPUT = 196.3
+
+
+def default_lengths() -> "EmpiricalLengths":
+    """ShareGPT-like lengths with the validation pools' means (about 223 in / 196 out tokens)."""
+    return sharegpt_lengths(DEFAULT_MEAN_INPUT, DEFAULT_MEAN_OUTPUT)
+
+
+def sharegpt_lengths(mean_input: float | None = None, mean_output: float | None = None) -> EmpiricalLengths:
+    """The bundled ShareGPT-like model, rescaled so its exact means equal the targets if given.
+
+    Typical use for the Llama-3.1 validation runs: ``sharegpt_lengths(223.0, 196.3)``.
+    """
+    model = length_model_from_dict(json.loads(_profile_text()))
+    assert isinstance(model, EmpiricalLengths)
+    if mean_input is None and mean_output is None:
+        return model
+    return model.scaled_to(mean_input, mean_output)
+
+
+# --------------------------------------------------------------------------- dict / JSON
+
+
+_KINDS: dict[str, type] = {"fixed": FixedLengths, "clipped_normal": ClippedNormalLengths, "empirical": EmpiricalLengths}
+
+
+def length_model_from_dict(d: dict) -> FixedLengths | ClippedNormalLengths | EmpiricalLengths:
+    """Build a length model from its ``to_dict()`` form.
+
+    ``{"kind": "sharegpt", "mean_input": ..., "mean_output": ...}`` (means optional) gives the
+    bundled ShareGPT model, rescaled.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"length model: expected a dict, got {type(d).__name__}")
+    kind = d.get("kind")
+    if kind is None:
+        raise ValueError("length model: missing field 'kind'")
+    params = {k: v for k, v in d.items() if k != "kind"}
+    if kind == "sharegpt":
+        unknown = set(params) - {"mean_input", "mean_output"}
+        if unknown:
+            raise ValueError(f"length model 'sharegpt': unknown field(s) {sorted(unknown)}")
+        return sharegpt_lengths(params.get("mean_input"), params.get("mean_output"))
+    cls = _KINDS.get(kind)
+    if cls is None:
+        raise ValueError(f"length model: unknown kind {kind!r} (expected one of {sorted([*_KINDS, 'sharegpt'])})")
+    names = {f.name: f for f in fields(cls)}
+    unknown = set(params) - set(names)
+    if unknown:
+        raise ValueError(f"length model '{kind}': unknown field(s) {sorted(unknown)}")
+    from dataclasses import MISSING
+
+    required = [n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING]
+    if kind == "empirical":
+        hist = ["input_edges", "input_probs", "output_edges", "output_probs"]
+        pairs = ["pair_inputs", "pair_outputs"]
+        if any(k in params for k in pairs):
+            required = pairs
+        else:
+            required = hist
+    missing = [n for n in required if n not in params]
+    if missing:
+        raise ValueError(f"length model '{kind}': missing field(s) {missing}")
+    return cls(**params)
+
+
+def save_length_model(model: LengthModel, path: str | os.PathLike) -> None:
+    """Write a length model's ``to_dict()`` as indented JSON."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(model.to_dict(), fh, indent=1)
+        fh.write("\n")
+
+
+def load_length_model(path: str | os.PathLike) -> FixedLengths | ClippedNormalLengths | EmpiricalLengths:
+    """Read a length model JSON written by ``save_length_model``."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read length model ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON ({e})") from None
+    try:
+        return length_model_from_dict(d)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+if __name__ == "__main__":  # regenerate the bundled profile
+    import sys
+
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python -m twin.lengths SHAREGPT_HIST_CSV [OUT_JSON]")
+    m = fit_sharegpt_histogram(sys.argv[1])
+    out_path = sys.argv[2] if len(sys.argv) == 3 else os.path.join(os.path.dirname(__file__), "profiles", SHAREGPT_PROFILE)
+    m.save(out_path)
+    print(f"wrote {out_path}: mean_input={m.mean_input:.3f} mean_output={m.mean_output:.3f}")

@@ -1,0 +1,86 @@
+"""Single-GPU Maxpack search: the most adapters of a given mix one GPU serves without starving.
+
+The rule is the one the shared max-search runs use (data README, ``maxsearch_optimum``): for each
+slot value Amax, walk the served-adapter count N upward over the grid (N >= Amax) while the 90 %
+rule holds and keep the last passing point; then take the Amax whose kept point has the highest
+throughput. A memory error at (Amax, max rank) removes that Amax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .lengths import LengthModel
+from .metrics import RunMetrics
+from .profile import GpuProfile
+from .server import ServerConfig, simulate_server
+from .workload import Adapter, adapters_from_counts
+
+N_GRID = (8, 16, 32, 64, 96, 128, 160, 192, 256, 320, 384)
+AMAX_GRID = (16, 32, 64, 96, 128, 160, 192, 256, 320, 384)
+
+
+def mix_adapters(n: int, rates: Sequence[float], ranks: Sequence[int], seed: int = 0
+                 ) -> list[Adapter]:
+    """``n`` adapters with rates and ranks each cycled over their lists, paired at random
+    (the shared benchmark shuffles the two cyclic assignments independently)."""
+    rank_counts: dict[int, int] = {}
+    rate_counts: dict[float, int] = {}
+    for i in range(n):
+        rank_counts[ranks[i % len(ranks)]] = rank_counts.get(ranks[i % len(ranks)], 0) + 1
+        rate_counts[rates[i % len(rates)]] = rate_counts.get(rates[i % len(rates)], 0) + 1
+    return adapters_from_counts(rank_counts, rate_counts, seed=seed)
+
+
+@dataclass(frozen=True)
+class MaxpackPoint:
+    max_loras: int
+    served_adapters: int
+    metrics: RunMetrics
+
+
+@dataclass(frozen=True)
+class MaxpackResult:
+    """Best point and every point evaluated (for tables and plots)."""
+
+    served_adapters: int
+    max_loras: int
+    throughput_tps: float
+    points: tuple[MaxpackPoint, ...] = field(default_factory=tuple)
+
+
+def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[int],
+                   lengths: LengthModel | None = None, duration_s: float = 3600.0,
+                   n_grid: Sequence[int] = N_GRID, amax_grid: Sequence[int] = AMAX_GRID,
+                   seed: int = 0,
+                   evaluate: Callable[[int, int], RunMetrics] | None = None) -> MaxpackResult:
+    """Run the search; ``evaluate(amax, n)`` may replace the twin (e.g. by a surrogate)."""
+    max_rank = max(ranks)
+
+    def twin_eval(amax: int, n: int) -> RunMetrics:
+        adapters = mix_adapters(n, rates, ranks, seed=seed)
+        cfg = ServerConfig(max_loras=amax, max_lora_rank=max_rank)
+        return simulate_server(profile, adapters, cfg, duration_s, lengths=lengths, seed=seed)
+
+    ev = evaluate or twin_eval
+    points: list[MaxpackPoint] = []
+    best: MaxpackPoint | None = None
+    for amax in amax_grid:
+        if profile.kv_tokens(amax, max_rank) is None:
+            continue
+        kept: MaxpackPoint | None = None
+        for n in (x for x in n_grid if x >= amax):
+            m = ev(amax, n)
+            p = MaxpackPoint(amax, n, m)
+            points.append(p)
+            if m.starved or m.memory_error:
+                break
+            kept = p
+        if kept is not None and (best is None
+                                 or kept.metrics.throughput_tps > best.metrics.throughput_tps):
+            best = kept
+    if best is None:
+        return MaxpackResult(0, 0, 0.0, tuple(points))
+    return MaxpackResult(best.served_adapters, best.max_loras, best.metrics.throughput_tps,
+                         tuple(points))

@@ -1,0 +1,94 @@
+"""Plain-Python reference of :func:`twin.kernel.simulate_kernel` (same inputs, same outputs).
+
+It runs the readable :class:`twin.scheduler.V1Scheduler` (one FCFS deque scanned as vLLM does),
+:class:`twin.kv_cache.KVCache` and :class:`twin.adapter_cache.AdapterSlots`. Slow; tests use it to
+check the compiled kernel step for step on small cases.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernel as K
+from .adapter_cache import AdapterSlots
+from .kv_cache import KVCache
+from .scheduler import RequestState, V1Scheduler
+from .step_time import step_time_ms_py
+
+
+def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, max_loras,
+                       max_rank, kv_blocks, block_size, max_batched_tokens, max_num_seqs,
+                       duration, step_coef):
+    """Return ``(first_t, finish_t, stats, itl_hist, n_running, n_waiting)`` like the kernel."""
+    n_req = len(arrival)
+    first_t = np.full(n_req, -1.0)
+    finish_t = np.full(n_req, -1.0)
+    last_tok = np.zeros(n_req)
+    stats = np.zeros(K.N_STATS)
+    hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+    kv = KVCache(kv_blocks, block_size)
+    sched = V1Scheduler(kv, max_loras, max_batched_tokens, max_num_seqs)
+    slots = AdapterSlots(max_loras, load_ms)
+    reqs = [RequestState(i, int(adapter[i]), int(in_len[i]), int(out_len[i])) for i in range(n_req)]
+    t, nxt = 0.0, 0
+    while True:
+        while nxt < n_req and arrival[nxt] <= t:
+            sched.add(reqs[nxt])
+            nxt += 1
+        stats[K.ST_MAX_WAITING] = max(stats[K.ST_MAX_WAITING], len(sched.waiting))
+        if t >= duration:
+            break
+        if not sched.running and not sched.waiting:
+            if nxt >= n_req or arrival[nxt] >= duration:
+                break
+            t = float(arrival[nxt])
+            continue
+        plan = sched.schedule()
+        stats[K.ST_PREEMPTIONS] += plan.preemptions
+        if not plan.scheduled:
+            if nxt >= n_req or arrival[nxt] >= duration:
+                break
+            t = max(t, float(arrival[nxt]))
+            continue
+        n_prefill = n_decode = ctx = 0
+        for req, new in zip(plan.scheduled, plan.new_tokens):
+            ctx += req.computed
+            if req.generated > 0 and req.num_tokens - req.computed == 1:
+                n_decode += 1
+            else:
+                n_prefill += new
+        load_total = 0.0
+        if max_loras > 0:
+            load_total, loads = slots.activate(plan.adapters)
+            stats[K.ST_LOADS] += loads
+            if len(plan.adapters) >= max_loras:
+                stats[K.ST_SCHED_STEPS_MAXED] += 1
+        dt = (step_time_ms_py(step_coef, len(plan.scheduled), n_prefill, n_decode, ctx,
+                              len(plan.adapters), max_loras, max_rank, len(sched.waiting))
+              + load_total) / 1000.0
+        t_end = t + dt
+        n_run = len(sched.running)
+        stats[K.ST_STEPS] += 1
+        stats[K.ST_BUSY_S] += dt
+        stats[K.ST_LOAD_S] += load_total / 1000.0
+        stats[K.ST_RUNNING_S] += n_run * dt
+        stats[K.ST_KV_BLOCKS_S] += kv.used_blocks * dt
+        stats[K.ST_DISTINCT_S] += len(plan.adapters) * dt
+        stats[K.ST_PREFILL_TOKENS] += n_prefill
+        stats[K.ST_DECODE_TOKENS] += n_decode
+        stats[K.ST_MAX_RUNNING] = max(stats[K.ST_MAX_RUNNING], n_run)
+        for req, new in zip(plan.scheduled, plan.new_tokens):
+            req.computed += new
+            if req.computed == req.num_tokens:
+                req.generated += 1
+                if req.generated == 1:
+                    first_t[req.idx] = t_end
+                else:
+                    hist[K.itl_bin((t_end - last_tok[req.idx]) * 1000.0)] += 1
+                last_tok[req.idx] = t_end
+                if req.generated >= req.out_len:
+                    finish_t[req.idx] = t_end
+                    sched.finish(req)
+        t = t_end
+    stats[K.ST_END_T] = t
+    return first_t, finish_t, stats, hist, len(sched.running), len(sched.waiting)

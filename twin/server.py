@@ -1,0 +1,122 @@
+"""Simulate one vLLM server: configuration, input checks, and the call into the kernel."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from . import kernel as K
+from .lengths import LengthModel, default_lengths
+from .metrics import RunMetrics, compute_metrics, memory_error_metrics
+from .profile import GpuProfile
+from .workload import (Adapter, ArrivalProcess, PoissonArrivals, Requests, generate_requests,
+                       offered_token_rate)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """vLLM server arguments the twin honours.
+
+    ``max_loras`` is Amax (GPU adapter slots); ``max_lora_rank`` defaults to the largest rank of
+    the served adapters; the token budget and batch cap default to the profile's values.
+    """
+
+    max_loras: int
+    max_lora_rank: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    starvation_threshold: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_loras, (int, np.integer)) or self.max_loras < 1:
+            raise ValueError(f"max_loras (Amax) must be an integer >= 1, got {self.max_loras!r}")
+        for name in ("max_lora_rank", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not 0.0 < self.starvation_threshold <= 1.0:
+            raise ValueError("starvation_threshold must be in (0, 1], got "
+                             f"{self.starvation_threshold!r}")
+
+
+def resolve_max_rank(profile: GpuProfile, adapters: Sequence[Adapter],
+                     config: ServerConfig) -> int:
+    """The server's max_lora_rank after checking every adapter rank against the profile."""
+    if not adapters:
+        raise ValueError("adapters: at least one adapter is needed")
+    supported = set(profile.supported_ranks)
+    for a in adapters:
+        if a.rank not in supported:
+            raise ValueError(f"adapter '{a.id}': rank {a.rank} is not supported by profile "
+                             f"'{profile.name}' (supported: {sorted(supported)})")
+    top = max(a.rank for a in adapters)
+    if config.max_lora_rank is None:
+        return top
+    if config.max_lora_rank < top:
+        raise ValueError(f"max_lora_rank {config.max_lora_rank} is below the largest adapter "
+                         f"rank {top}")
+    return config.max_lora_rank
+
+
+def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
+                      config: ServerConfig, duration_s: float, offered_tps: float | None = None,
+                      ) -> RunMetrics:
+    """Replay a fixed request stream on one server; ``offered_tps`` defaults to the realised one."""
+    if not (np.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration must be > 0 seconds, got {duration_s!r}")
+    max_rank = resolve_max_rank(profile, adapters, config)
+    if len(requests) and int(requests.adapter.max()) >= len(adapters):
+        raise ValueError("requests: adapter index out of range of the adapter list")
+    if offered_tps is None:
+        win = requests.arrival_s < duration_s
+        offered_tps = float(requests.input_len[win].sum() + requests.output_len[win].sum()) \
+            / duration_s
+    kv_tokens = profile.kv_tokens(config.max_loras, max_rank)
+    if kv_tokens is None:
+        return memory_error_metrics(duration_s, offered_tps)
+    block = profile.block_size
+    kv_blocks = kv_tokens // block
+    if len(requests):
+        longest = int((requests.input_len + requests.output_len).max())
+        if longest - 1 > kv_blocks * block:
+            raise ValueError(f"requests: a request of {longest} tokens exceeds the KV capacity "
+                             f"({kv_blocks * block} tokens) of this configuration")
+    load_ms = np.array([profile.load_time_ms(a.rank, max_rank) for a in adapters], np.float64)
+    n = len(requests)
+    first_t = np.full(n, -1.0)
+    finish_t = np.full(n, -1.0)
+    stats = np.zeros(K.N_STATS)
+    hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+    t0 = time.perf_counter()
+    K.simulate_kernel(
+        requests.arrival_s, requests.adapter.astype(np.int64), requests.input_len.astype(np.int64),
+        requests.output_len.astype(np.int64), len(adapters), load_ms, config.max_loras, max_rank,
+        kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
+        config.max_num_seqs or profile.max_num_seqs, float(duration_s),
+        profile.step_coef_array(), first_t, finish_t, stats, hist)
+    wall = time.perf_counter() - t0
+    m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, first_t,
+                        finish_t, stats, hist, duration_s, offered_tps, kv_blocks, block,
+                        config.starvation_threshold)
+    return _with_wall(m, wall)
+
+
+def _with_wall(m: RunMetrics, wall: float) -> RunMetrics:
+    d = m.to_dict()
+    d["wall_s"] = wall
+    return RunMetrics(**d)
+
+
+def simulate_server(profile: GpuProfile, adapters: Sequence[Adapter], config: ServerConfig,
+                    duration_s: float = 3600.0, lengths: LengthModel | None = None,
+                    arrivals: ArrivalProcess | None = None, seed: int = 0) -> RunMetrics:
+    """Draw a seeded workload for ``adapters`` and simulate it on one server."""
+    lengths = lengths if lengths is not None else default_lengths()
+    arrivals = arrivals if arrivals is not None else PoissonArrivals()
+    resolve_max_rank(profile, adapters, config)   # fail fast, before drawing the workload
+    requests = generate_requests(adapters, duration_s, lengths, arrivals=arrivals, seed=seed)
+    return simulate_requests(profile, adapters, requests, config, duration_s,
+                             offered_token_rate(adapters, lengths))
