@@ -28,6 +28,10 @@ from twin.profile import load_profile
 from twin.server import ServerConfig, simulate_server
 from twin.workload import adapters_from_counts, parse_counts
 
+# The shared runs' load generator could not keep more than ~25.5k requests waiting at the server
+# (open connections); the earlier twin's grid (data README, paper_twin_simgrid) uses this cap.
+SHARED_CLIENT_MAX_WAITING = 25_500
+
 CONFIG_COLUMNS = ["model", "max_loras", "served_adapters", "max_lora_rank", "adapter_rank_counts",
                   "rate_counts", "total_time_s", "pool_mean_input_len", "pool_mean_output_len",
                   "max_num_batched_tokens", "max_num_seqs"]
@@ -47,7 +51,8 @@ def replay_run(cfg: dict, seed: int = 0) -> dict:
     sc = ServerConfig(max_loras=int(cfg["max_loras"]),
                       max_lora_rank=_int_or_none(cfg["max_lora_rank"]),
                       max_num_seqs=_int_or_none(cfg.get("max_num_seqs")),
-                      max_num_batched_tokens=_int_or_none(cfg.get("max_num_batched_tokens")))
+                      max_num_batched_tokens=_int_or_none(cfg.get("max_num_batched_tokens")),
+                      client_max_waiting=SHARED_CLIENT_MAX_WAITING)
     m = simulate_server(profile, adapters, sc, float(cfg["total_time_s"]), lengths=lengths,
                         seed=seed)
     return m.to_dict()

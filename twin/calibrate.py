@@ -20,7 +20,9 @@ Sources (one base model at a time; the scheduler-overhead runs are shared, see b
   time = (duration - CPU->GPU loading time) / steps, only runs that are surely never idle
   (avg_batch_size >= 8); n_seqs = n_decode = avg_batch_size, prefill tokens per step =
   processed_tokens / 231 * 250 / steps, ctx = avg_batch_size * (250 + 231 / 2),
-  n_distinct = mean_loras_by_batch, n_waiting = avg_waiting_queue. Each of its two source
+  n_distinct = mean_loras_by_batch, n_waiting = avg_waiting_queue when the batch is full
+  (mean distinct adapters >= 0.9 max_loras; else 0: only then does the scheduler walk the whole
+  waiting queue, which is what the kernel charges per step). Each of its two source
   files gets a free additive offset (nuisance; the base model/engine may differ). The
   ``fixed_aggregated_rate`` runs with gpu_loras <= 16 are excluded: they are ~10 ms slower
   than the ``fixed_per_adapter_rate`` runs at identical settings (unexplained).
@@ -49,6 +51,14 @@ SCHED_IN, SCHED_OUT = 250.0, 231.0   # fixed request of the dummy "mean" dataset
 MIN_BUSY_BATCH = 8.0                  # scheduler runs: avg batch below this may include idle time
 SEQ_KNEES = (32.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 SCHED_OFFSETS = False                # free per-file offsets for the shared scheduler runs
+# The scheduler walks the whole waiting queue only while the batch holds max_loras adapters
+# (then it skips other adapters' requests); a run whose mean distinct adapters per batch is at
+# least this fraction of max_loras counts as "full", and its waiting queue as scanned.
+FULL_BATCH_FRAC = 0.9
+# Coefficients fitted in stage 2. c8 (adapters x tokens) stays 0: the punica kernels process each
+# token once whatever the adapter count, and their launch grid scales with slots x tokens (c6);
+# a free c8 fits the 200-request decode windows but explodes for full 2048-token steps.
+STEP_FIT_TERMS = (0, 1, 2, 3, 4, 5, 6, 7, 11)
 SCHED_SOURCE_WEIGHT = 0.5             # relative weight of a shared scheduler-run row vs a window
 
 
@@ -86,7 +96,7 @@ def step_rows(data_dir: Path, model: str) -> pd.DataFrame:
         A = 0.0 if pd.isna(x.max_loras) else float(x.max_loras)
         R = 0.0 if pd.isna(x.max_lora_rank) else float(x.max_lora_rank)
         K = 0.0 if pd.isna(x.unique_adapters_mean) else float(x.unique_adapters_mean)
-        W = float(x.waiting_end)
+        W = float(x.waiting_end) if A > 0 and K >= FULL_BATCH_FRAC * A else 0.0
         if x.study == "prefill_baseline":
             rows.append(_row("prefill_baseline", 2048.0 / inl + 1.0, 2048.0, 0.0, inl / 2.0,
                              K, A, R, W, x.step_interval_mean_ms, x.scheduler_time_mean_ms))
@@ -131,7 +141,8 @@ def scheduler_rows(data_dir: Path) -> pd.DataFrame:
         n_decode_tokens=s.processed_tokens / steps,
         ctx_tokens=s.avg_batch_size * (SCHED_IN + SCHED_OUT / 2.0),
         n_distinct=s.mean_loras_by_batch, max_loras=s.gpu_loras.astype(float),
-        max_rank=s["rank"].astype(float), n_waiting=s.avg_waiting_queue,
+        max_rank=s["rank"].astype(float),
+        n_waiting=s.avg_waiting_queue * (s.mean_loras_by_batch >= FULL_BATCH_FRAC * s.gpu_loras),
         y=(s.duration - s.max_lora_loading_time) / steps * 1000.0,
         ysched=s.scheduling_time_per_step_ms, weight=SCHED_SOURCE_WEIGHT))
     return out.reset_index(drop=True)
@@ -219,7 +230,7 @@ def fit_step_coef(rows: pd.DataFrame, sched_offsets: bool = SCHED_OFFSETS) -> tu
     nuis = np.column_stack([(rows.source == s).to_numpy(float) for s in srcs]) if srcs else None
     best = None
     for knee in SEQ_KNEES:   # c12 by grid search, the rest by NNLS
-        m = StepTimeModel(seq_knee=knee, fit_terms=tuple(range(9)) + (11,), fixed_coef=sched_coef)
+        m = StepTimeModel(seq_knee=knee, fit_terms=STEP_FIT_TERMS, fixed_coef=sched_coef)
         m.fit(X, rows.y, sample_weight=w, nuisance=nuis)
         p = m.predict(X) + (nuis @ m.nuisance_coef_ if srcs else 0.0)
         loss = float(np.sum((w * (p - rows.y) / rows.y) ** 2))

@@ -37,7 +37,11 @@ ST_MAX_WAITING = 10
 ST_LOAD_S = 11
 ST_DISTINCT_S = 12      # integral of distinct adapters in the batch over busy time
 ST_SCHED_STEPS_MAXED = 13  # steps in which the batch reached max_loras distinct adapters
-N_STATS = 14
+ST_MAX_KV_BLOCKS = 14   # most KV blocks in use after any step's allocation
+ST_MAX_DISTINCT = 15    # most distinct adapters in one step's batch
+ST_DROPPED_TOKENS = 16  # computed KV tokens thrown away by preemptions (recomputed later)
+ST_REJECTED = 17        # arrivals refused because the client's waiting cap was reached
+N_STATS = 18
 
 ITL_HIST_BINS = 4000
 ITL_HIST_LO_MS = 0.1
@@ -66,13 +70,16 @@ def _pop_head(a, head, tail, nxt):
 @njit(cache=True)
 def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
-                    max_num_seqs, duration, step_coef,
+                    max_num_seqs, duration, step_coef, max_waiting,
                     first_t, finish_t, stats, itl_hist):
     """Simulate requests (sorted by ``arrival``) on one server until ``duration`` seconds.
 
     Writes ``first_t`` (first-token time, -1 if none) and ``finish_t`` (-1 if unfinished) per
-    request, the scalar ``stats`` (indices ``ST_*``) and an inter-token-gap histogram.
-    ``max_loras == 0`` disables LoRA (no distinct-adapter rule, no loads).
+    request, the scalar ``stats`` (indices ``ST_*``) and an inter-token-gap histogram; returns
+    ``(running, waiting, computed, generated)``: queue sizes at the end and, per request, the
+    tokens held in KV and the tokens generated.
+    ``max_loras == 0`` disables LoRA (no distinct-adapter rule, no loads). ``max_waiting > 0``
+    refuses arrivals while that many requests wait (the benchmark client's connection limit).
     """
     n_req = arrival.shape[0]
     lora = max_loras > 0
@@ -114,6 +121,10 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
         # arrivals up to now join their adapter's FIFO
         while next_arr < n_req and arrival[next_arr] <= t:
             r = next_arr
+            next_arr += 1
+            if max_waiting > 0 and n_wait >= max_waiting:
+                stats[ST_REJECTED] += 1
+                continue
             a = adapter[r]
             key[r] = r
             if tail[a] < 0:
@@ -122,7 +133,6 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 nxt[tail[a]] = r
             tail[a] = r
             n_wait += 1
-            next_arr += 1
         if n_wait > stats[ST_MAX_WAITING]:
             stats[ST_MAX_WAITING] = n_wait
         if t >= duration:
@@ -157,6 +167,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                     break
                 v = running[n_run - 1]
                 n_run -= 1
+                stats[ST_DROPPED_TOKENS] += computed[v]
                 free_blocks += held[v]
                 held[v] = 0
                 computed[v] = 0
@@ -185,8 +196,12 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
             i += 1
         n_sched = i
 
-        # 2) waiting requests, FCFS with the distinct-adapter rule (not after a preemption)
+        # 2) waiting requests, FCFS with the distinct-adapter rule (not after a preemption).
+        # n_scanned: waiting requests the scheduler examines; once the batch holds max_loras
+        # adapters vLLM walks the whole deque skipping other adapters' requests.
+        n_scanned = 0
         if not preempted and n_sched == n_run:
+            wait_before = n_wait
             while n_wait > 0 and budget > 0:
                 if n_run >= max_num_seqs:
                     break
@@ -227,6 +242,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                     batch_adapters[n_distinct] = best_a
                     n_distinct += 1
                 budget -= new
+                n_scanned += 1
+            if lora and n_distinct >= max_loras and wait_before > 0:
+                n_scanned = wait_before
 
         if n_sched == 0:
             # nothing can run until something arrives (cannot happen with validated inputs)
@@ -253,7 +271,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
             if n_distinct >= max_loras:
                 stats[ST_SCHED_STEPS_MAXED] += 1
         dt = (step_time_ms(step_coef, n_sched, n_prefill, n_decode, ctx, n_distinct,
-                           max_loras, max_rank, n_wait) + load_total) / 1000.0
+                           max_loras, max_rank, n_scanned) + load_total) / 1000.0
         t_end = t + dt
         used = kv_blocks - free_blocks
         stats[ST_STEPS] += 1
@@ -266,6 +284,10 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
         stats[ST_DECODE_TOKENS] += n_decode
         if n_run > stats[ST_MAX_RUNNING]:
             stats[ST_MAX_RUNNING] = n_run
+        if used > stats[ST_MAX_KV_BLOCKS]:
+            stats[ST_MAX_KV_BLOCKS] = used
+        if n_distinct > stats[ST_MAX_DISTINCT]:
+            stats[ST_MAX_DISTINCT] = n_distinct
 
         # 4) advance scheduled requests; finished ones leave the running list (order kept)
         keep = 0
@@ -292,4 +314,4 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
         n_run = keep
         t = t_end
     stats[ST_END_T] = t
-    return n_run, n_wait
+    return n_run, n_wait, computed, gen

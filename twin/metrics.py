@@ -33,6 +33,7 @@ class RunMetrics:
     arrived_requests: int
     finished_requests: int
     unfinished_requests: int
+    rejected_requests: int
     mean_itl_ms: float
     p50_itl_ms: float
     p99_itl_ms: float
@@ -69,7 +70,7 @@ def _hist_quantile(hist: np.ndarray, q: float) -> float:
 def memory_error_metrics(duration_s: float, offered_tps: float) -> RunMetrics:
     """Metrics of a configuration that cannot start (no KV-capacity entry)."""
     nan = float("nan")
-    return RunMetrics(duration_s, 0.0, offered_tps, 0.0, True, True, 0, 0, 0, nan, nan, nan, nan,
+    return RunMetrics(duration_s, 0.0, offered_tps, 0.0, True, True, 0, 0, 0, 0, nan, nan, nan, nan,
                       nan, nan, nan, 0, 0, 0.0, 0, 0.0, 0, 0.0, 0.0, 0, 0)
 
 
@@ -110,6 +111,7 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         arrived_requests=n_arrived,
         finished_requests=n_done,
         unfinished_requests=n_unfinished,
+        rejected_requests=int(stats[K.ST_REJECTED]),
         mean_itl_ms=mean_itl,
         p50_itl_ms=_hist_quantile(itl_hist, 0.5),
         p99_itl_ms=_hist_quantile(itl_hist, 0.99),

@@ -18,8 +18,10 @@ from .step_time import step_time_ms_py
 
 def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, max_loras,
                        max_rank, kv_blocks, block_size, max_batched_tokens, max_num_seqs,
-                       duration, step_coef):
-    """Return ``(first_t, finish_t, stats, itl_hist, n_running, n_waiting)`` like the kernel."""
+                       duration, step_coef, max_waiting=0, observer=None):
+    """Return ``(first_t, finish_t, stats, itl_hist, n_running, n_waiting, computed, generated)``
+    like the kernel. ``observer(scheduler, plan)``, if given, is called after every schedule
+    (tests use it to check invariants step by step)."""
     n_req = len(arrival)
     first_t = np.full(n_req, -1.0)
     finish_t = np.full(n_req, -1.0)
@@ -33,7 +35,10 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
     t, nxt = 0.0, 0
     while True:
         while nxt < n_req and arrival[nxt] <= t:
-            sched.add(reqs[nxt])
+            if max_waiting > 0 and len(sched.waiting) >= max_waiting:
+                stats[K.ST_REJECTED] += 1
+            else:
+                sched.add(reqs[nxt])
             nxt += 1
         stats[K.ST_MAX_WAITING] = max(stats[K.ST_MAX_WAITING], len(sched.waiting))
         if t >= duration:
@@ -44,7 +49,10 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
             t = float(arrival[nxt])
             continue
         plan = sched.schedule()
+        if observer is not None:
+            observer(sched, plan)
         stats[K.ST_PREEMPTIONS] += plan.preemptions
+        stats[K.ST_DROPPED_TOKENS] += plan.dropped_tokens
         if not plan.scheduled:
             if nxt >= n_req or arrival[nxt] >= duration:
                 break
@@ -64,7 +72,7 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
             if len(plan.adapters) >= max_loras:
                 stats[K.ST_SCHED_STEPS_MAXED] += 1
         dt = (step_time_ms_py(step_coef, len(plan.scheduled), n_prefill, n_decode, ctx,
-                              len(plan.adapters), max_loras, max_rank, len(sched.waiting))
+                              len(plan.adapters), max_loras, max_rank, plan.scanned)
               + load_total) / 1000.0
         t_end = t + dt
         n_run = len(sched.running)
@@ -77,6 +85,8 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
         stats[K.ST_PREFILL_TOKENS] += n_prefill
         stats[K.ST_DECODE_TOKENS] += n_decode
         stats[K.ST_MAX_RUNNING] = max(stats[K.ST_MAX_RUNNING], n_run)
+        stats[K.ST_MAX_KV_BLOCKS] = max(stats[K.ST_MAX_KV_BLOCKS], kv.used_blocks)
+        stats[K.ST_MAX_DISTINCT] = max(stats[K.ST_MAX_DISTINCT], len(plan.adapters))
         for req, new in zip(plan.scheduled, plan.new_tokens):
             req.computed += new
             if req.computed == req.num_tokens:
@@ -91,4 +101,7 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
                     sched.finish(req)
         t = t_end
     stats[K.ST_END_T] = t
-    return first_t, finish_t, stats, hist, len(sched.running), len(sched.waiting)
+    computed = np.array([r.computed for r in reqs], np.int64)
+    generated = np.array([r.generated for r in reqs], np.int64)
+    return (first_t, finish_t, stats, hist, len(sched.running), len(sched.waiting), computed,
+            generated)

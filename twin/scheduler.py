@@ -49,6 +49,8 @@ class StepPlan:
     new_tokens: list[int] = field(default_factory=list)
     adapters: list[int] = field(default_factory=list)   # distinct, in first-seen order
     preemptions: int = 0
+    dropped_tokens: int = 0
+    scanned: int = 0          # waiting requests examined (the scheduler's scan cost)
 
 
 class V1Scheduler:
@@ -84,6 +86,7 @@ class V1Scheduler:
             while not self.kv.try_allocate(req.idx, req.computed, new):
                 victim = self.running.pop()
                 self.kv.free(victim.idx)
+                plan.dropped_tokens += victim.computed
                 victim.computed = 0
                 self.waiting.appendleft(victim)
                 plan.preemptions += 1
@@ -99,6 +102,7 @@ class V1Scheduler:
             i += 1
 
         if plan.preemptions == 0:
+            wait_before = len(self.waiting)
             skipped: deque[RequestState] = deque()
             while self.waiting and budget > 0:
                 if len(self.running) >= self.max_num_seqs:
@@ -117,7 +121,10 @@ class V1Scheduler:
                 plan.new_tokens.append(new)
                 note_adapter(req.adapter)
                 budget -= new
+                plan.scanned += 1
             self.waiting.extendleft(skipped)
+            if self.max_loras > 0 and len(seen) >= self.max_loras and wait_before > 0:
+                plan.scanned = wait_before
         return plan
 
     def finish(self, req: RequestState) -> None:

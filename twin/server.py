@@ -22,6 +22,9 @@ class ServerConfig:
 
     ``max_loras`` is Amax (GPU adapter slots); ``max_lora_rank`` defaults to the largest rank of
     the served adapters; the token budget and batch cap default to the profile's values.
+    ``client_max_waiting`` models a load generator that cannot keep more requests queued at the
+    server (the shared benchmark's client saturates at ~25.5k waiting requests; arrivals beyond
+    it fail); ``None`` means an unbounded queue.
     """
 
     max_loras: int
@@ -29,11 +32,13 @@ class ServerConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     starvation_threshold: float = 0.9
+    client_max_waiting: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_loras, (int, np.integer)) or self.max_loras < 1:
             raise ValueError(f"max_loras (Amax) must be an integer >= 1, got {self.max_loras!r}")
-        for name in ("max_lora_rank", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_lora_rank", "max_num_seqs", "max_num_batched_tokens",
+                     "client_max_waiting"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -96,7 +101,7 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
         requests.output_len.astype(np.int64), len(adapters), load_ms, config.max_loras, max_rank,
         kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
         config.max_num_seqs or profile.max_num_seqs, float(duration_s),
-        profile.step_coef_array(), first_t, finish_t, stats, hist)
+        profile.step_coef_array(), config.client_max_waiting or 0, first_t, finish_t, stats, hist)
     wall = time.perf_counter() - t0
     m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, first_t,
                         finish_t, stats, hist, duration_s, offered_tps, kv_blocks, block,

@@ -38,7 +38,7 @@ STEP_COEF_NAMES: tuple[str, ...] = (
     "per_token_kslot_ms",    # c6 x tok * max_loras / 1000
     "per_adapter_ms",        # c7 x n_distinct
     "per_adapter_ktoken_ms",  # c8 x n_distinct * tok / 1000
-    "per_kwaiting_ms",       # c9 x n_waiting / 1000 (LoRA enabled only)
+    "per_kwaiting_ms",       # c9 x n_waiting / 1000: waiting requests scanned (LoRA only)
     "rank_scale",            # c10 relative LoRA-cost increase per 8 ranks above 8
     "per_seq_over_knee_ms",  # c11 x max(0, n_seqs - c12)
     "seq_knee",              # c12 knee of the per-request cost (requests; chosen by grid search)
