@@ -86,7 +86,7 @@ def _walk(args: tuple) -> tuple:
     prof = load_profile(model)
     lengths = sharegpt_lengths(*lengths_means)
     res = maxpack_search(prof, rates, ranks, lengths=lengths, n_grid=n_grid, amax_grid=(amax,),
-                         seed=seed)
+                         seed=seed, client_max_waiting=SHARED_CLIENT_MAX_WAITING, rule="shared")
     return (model, tuple(rates), tuple(ranks), amax, res.served_adapters, res.throughput_tps,
             [(p.served_adapters, p.metrics.throughput_tps, p.metrics.starved) for p in res.points])
 

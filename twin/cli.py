@@ -143,7 +143,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     data = Path(a.data)
     if not data.exists():
         raise CliError(f"--data: {data} does not exist")
-    profile, report = calibrate(data, a.model, name=a.name)
+    profile, report = calibrate(data, a.model, name=a.name, refine=a.refine)
     print(json.dumps(report, indent=2, default=float))
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.to_json(out)
@@ -188,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", required=True)
     c.add_argument("--out", required=True)
     c.add_argument("--name", default=None)
+    c.add_argument("--refine", action="store_true",
+                   help="add the simulation-consistent refit on the shared scheduler runs")
     c.add_argument("--force", action="store_true")
     c.set_defaults(func=cmd_calibrate)
     return p

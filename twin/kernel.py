@@ -20,7 +20,7 @@ from numba import njit
 
 from .adapter_cache import activate_batch
 from .kv_cache import blocks_for
-from .step_time import step_time_ms
+from .step_time import N_DESIGN, accumulate_design, step_time_ms
 
 # Indices of the kernel's scalar statistics vector.
 ST_STEPS = 0
@@ -41,7 +41,8 @@ ST_MAX_KV_BLOCKS = 14   # most KV blocks in use after any step's allocation
 ST_MAX_DISTINCT = 15    # most distinct adapters in one step's batch
 ST_DROPPED_TOKENS = 16  # computed KV tokens thrown away by preemptions (recomputed later)
 ST_REJECTED = 17        # arrivals refused because the client's waiting cap was reached
-N_STATS = 18
+ST_DESIGN = 18          # ST_DESIGN .. ST_DESIGN + N_DESIGN - 1: summed step-time design rows
+N_STATS = ST_DESIGN + N_DESIGN
 
 ITL_HIST_BINS = 4000
 ITL_HIST_LO_MS = 0.1
@@ -272,6 +273,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 stats[ST_SCHED_STEPS_MAXED] += 1
         dt = (step_time_ms(step_coef, n_sched, n_prefill, n_decode, ctx, n_distinct,
                            max_loras, max_rank, n_scanned) + load_total) / 1000.0
+        accumulate_design(stats[ST_DESIGN:ST_DESIGN + N_DESIGN], step_coef, n_sched, n_prefill,
+                          n_decode, ctx, n_distinct, max_loras, max_rank, n_scanned)
         t_end = t + dt
         used = kv_blocks - free_blocks
         stats[ST_STEPS] += 1

@@ -4,6 +4,11 @@ The rule is the one the shared max-search runs use (data README, ``maxsearch_opt
 slot value Amax, walk the served-adapter count N upward over the grid (N >= Amax) while the 90 %
 rule holds and keep the last passing point; then take the Amax whose kept point has the highest
 throughput. A memory error at (Amax, max rank) removes that Amax.
+
+``rule="strict"`` (default, what placement needs) keeps only non-starving points.
+``rule="shared"`` reproduces how ``maxsearch_optimum_<model>.csv`` was computed: the first point
+of each walk (N = Amax) is kept even when it starves (two of the nine shared optima are such
+points, e.g. rates 3.2/1.6/0.025 at N = Amax = 32, which starves).
 """
 
 from __future__ import annotations
@@ -53,16 +58,21 @@ class MaxpackResult:
 def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[int],
                    lengths: LengthModel | None = None, duration_s: float = 3600.0,
                    n_grid: Sequence[int] = N_GRID, amax_grid: Sequence[int] = AMAX_GRID,
-                   seed: int = 0,
+                   seed: int = 0, client_max_waiting: int | None = None,
+                   rule: str = "strict",
                    evaluate: Callable[[int, int], RunMetrics] | None = None) -> MaxpackResult:
-    """Run the search; ``evaluate(amax, n)`` may replace the twin (e.g. by a surrogate)."""
+    """Run the search; ``evaluate(amax, n)`` may replace the twin (e.g. by a surrogate).
+    ``client_max_waiting`` is passed to :class:`ServerConfig` (the load generator's cap)."""
     max_rank = max(ranks)
 
     def twin_eval(amax: int, n: int) -> RunMetrics:
         adapters = mix_adapters(n, rates, ranks, seed=seed)
-        cfg = ServerConfig(max_loras=amax, max_lora_rank=max_rank)
+        cfg = ServerConfig(max_loras=amax, max_lora_rank=max_rank,
+                           client_max_waiting=client_max_waiting)
         return simulate_server(profile, adapters, cfg, duration_s, lengths=lengths, seed=seed)
 
+    if rule not in ("strict", "shared"):
+        raise ValueError(f"rule must be 'strict' or 'shared', got {rule!r}")
     ev = evaluate or twin_eval
     points: list[MaxpackPoint] = []
     best: MaxpackPoint | None = None
@@ -74,7 +84,11 @@ def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[
             m = ev(amax, n)
             p = MaxpackPoint(amax, n, m)
             points.append(p)
-            if m.starved or m.memory_error:
+            if m.memory_error:
+                break
+            if m.starved:
+                if rule == "shared" and kept is None:
+                    kept = p
                 break
             kept = p
         if kept is not None and (best is None

@@ -13,7 +13,7 @@ from . import kernel as K
 from .adapter_cache import AdapterSlots
 from .kv_cache import KVCache
 from .scheduler import RequestState, V1Scheduler
-from .step_time import step_time_ms_py
+from .step_time import N_DESIGN, accumulate_design_py, step_time_ms_py
 
 
 def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, max_loras,
@@ -74,6 +74,9 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
         dt = (step_time_ms_py(step_coef, len(plan.scheduled), n_prefill, n_decode, ctx,
                               len(plan.adapters), max_loras, max_rank, plan.scanned)
               + load_total) / 1000.0
+        design = stats[K.ST_DESIGN:K.ST_DESIGN + N_DESIGN]
+        accumulate_design_py(design, step_coef, len(plan.scheduled), n_prefill, n_decode, ctx,
+                             len(plan.adapters), max_loras, max_rank, plan.scanned)
         t_end = t + dt
         n_run = len(sched.running)
         stats[K.ST_STEPS] += 1

@@ -66,22 +66,36 @@ def resolve_max_rank(profile: GpuProfile, adapters: Sequence[Adapter],
     return config.max_lora_rank
 
 
-def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
-                      config: ServerConfig, duration_s: float, offered_tps: float | None = None,
-                      ) -> RunMetrics:
-    """Replay a fixed request stream on one server; ``offered_tps`` defaults to the realised one."""
+@dataclass(frozen=True)
+class KernelRun:
+    """Raw outputs of one kernel run (see :func:`twin.kernel.simulate_kernel`)."""
+
+    first_t: np.ndarray
+    finish_t: np.ndarray
+    stats: np.ndarray
+    itl_hist: np.ndarray
+    kv_blocks: int
+    wall_s: float
+
+    def mean_design_row(self) -> np.ndarray:
+        """Mean step-time design row over the run's steps (columns of ``design_matrix``)."""
+        from .step_time import N_DESIGN
+        steps = max(self.stats[K.ST_STEPS], 1.0)
+        return self.stats[K.ST_DESIGN:K.ST_DESIGN + N_DESIGN] / steps
+
+
+def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
+               config: ServerConfig, duration_s: float) -> KernelRun | None:
+    """Check the inputs and run the compiled kernel; ``None`` means a memory error (the
+    configuration has no KV-capacity entry in the profile)."""
     if not (np.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration must be > 0 seconds, got {duration_s!r}")
     max_rank = resolve_max_rank(profile, adapters, config)
     if len(requests) and int(requests.adapter.max()) >= len(adapters):
         raise ValueError("requests: adapter index out of range of the adapter list")
-    if offered_tps is None:
-        win = requests.arrival_s < duration_s
-        offered_tps = float(requests.input_len[win].sum() + requests.output_len[win].sum()) \
-            / duration_s
     kv_tokens = profile.kv_tokens(config.max_loras, max_rank)
     if kv_tokens is None:
-        return memory_error_metrics(duration_s, offered_tps)
+        return None
     block = profile.block_size
     kv_blocks = kv_tokens // block
     if len(requests):
@@ -102,11 +116,24 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
         kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
         config.max_num_seqs or profile.max_num_seqs, float(duration_s),
         profile.step_coef_array(), config.client_max_waiting or 0, first_t, finish_t, stats, hist)
-    wall = time.perf_counter() - t0
-    m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, first_t,
-                        finish_t, stats, hist, duration_s, offered_tps, kv_blocks, block,
-                        config.starvation_threshold)
-    return _with_wall(m, wall)
+    return KernelRun(first_t, finish_t, stats, hist, kv_blocks, time.perf_counter() - t0)
+
+
+def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
+                      config: ServerConfig, duration_s: float, offered_tps: float | None = None,
+                      ) -> RunMetrics:
+    """Replay a fixed request stream on one server; ``offered_tps`` defaults to the realised one."""
+    if offered_tps is None and duration_s > 0:
+        win = requests.arrival_s < duration_s
+        offered_tps = float(requests.input_len[win].sum() + requests.output_len[win].sum()) \
+            / duration_s
+    run = run_kernel(profile, adapters, requests, config, duration_s)
+    if run is None:
+        return memory_error_metrics(duration_s, float(offered_tps or 0.0))
+    m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, run.first_t,
+                        run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
+                        run.kv_blocks, profile.block_size, config.starvation_threshold)
+    return _with_wall(m, run.wall_s)
 
 
 def _with_wall(m: RunMetrics, wall: float) -> RunMetrics:

@@ -218,3 +218,55 @@ class StepTimeModel:
         for k, v in params.items():
             setattr(self, k, v)
         return self
+
+
+N_DESIGN = 11   # columns of design_matrix: coefficients c0..c9 and c11
+
+
+@njit(cache=True)
+def accumulate_design(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
+                      n_distinct, max_loras, max_rank, n_waiting):
+    """Add one step's design-matrix row (the columns of :func:`design_matrix`, with c10 and c12
+    taken from ``coef``) to ``out``. Summed over a run and divided by the step count this is the
+    run's mean feature row: the step time is linear in it, which lets calibration fit the
+    coefficients to run-level mean step times of simulated runs."""
+    tok = float(n_prefill_tokens + n_decode_tokens)
+    s = float(n_seqs)
+    lora = 1.0 if max_loras > 0 else 0.0
+    dr = float(max_rank) - 8.0
+    if dr < 0.0:
+        dr = 0.0
+    m = lora * (1.0 + coef[10] * dr * 0.125)
+    a = float(max_loras)
+    k = float(n_distinct)
+    over = s - coef[12]
+    if over < 0.0:
+        over = 0.0
+    out[0] += 1.0
+    out[1] += tok
+    out[2] += s
+    out[3] += float(ctx_tokens) * 1e-3
+    out[4] += m
+    out[5] += m * a
+    out[6] += m * tok * a * 1e-3
+    out[7] += m * k
+    out[8] += m * k * tok * 1e-3
+    out[9] += lora * float(n_waiting) * 1e-3
+    out[10] += over
+
+
+def accumulate_design_py(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
+                         n_distinct, max_loras, max_rank, n_waiting) -> None:
+    """Plain-Python twin of :func:`accumulate_design` (same operations, same result)."""
+    tok = float(n_prefill_tokens + n_decode_tokens)
+    s = float(n_seqs)
+    lora = 1.0 if max_loras > 0 else 0.0
+    dr = max(float(max_rank) - 8.0, 0.0)
+    m = lora * (1.0 + coef[10] * dr * 0.125)
+    a = float(max_loras)
+    k = float(n_distinct)
+    over = max(s - coef[12], 0.0)
+    vals = (1.0, tok, s, float(ctx_tokens) * 1e-3, m, m * a, m * tok * a * 1e-3, m * k,
+            m * k * tok * 1e-3, lora * float(n_waiting) * 1e-3, over)
+    for i, v in enumerate(vals):
+        out[i] += v

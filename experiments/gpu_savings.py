@@ -1,0 +1,215 @@
+"""GPU savings study: GPUs each method needs on the paper scenarios, twin-verified.
+
+``python -m experiments.gpu_savings [--quick] [--json OUT] [--out-dir DIR] [--duration S]``
+
+For every instance of ``instances/paper`` (scenario = base model x rank set x rate set, growing
+adapter counts) and every registered method:
+
+* methods that size the fleet themselves (maxbase, maxbase-half, greedy, exact) are solved once
+  and the placement replayed in the fleet twin; the GPU count is theirs when the twin accepts,
+  and the method has *failed* at that point when any GPU starves or hits a memory error;
+* fixed-fleet methods (random, dlora, loraserve) are given fleets of growing size, starting from
+  their own default (capacity bound, or LoRAServe's utilisation bound), and the first size the
+  twin accepts is their GPU count; no accepted size within ``--max-extra`` GPUs is a failure.
+
+Writes ``gpu_savings.csv``, ``gpu_savings.md`` (GPUs per method, one row per instance) and
+``gpu_savings.png`` (GPUs vs adapters per scenario) under ``--out-dir``, optionally all rows as
+JSON, and ends with ``greedy_vs_maxbase_gpu_reduction=<pct> greedy_twin_failures=<k>`` (mean
+relative GPU reduction of greedy over MaxBase on the points where both succeeded; ``n/a`` until a
+``greedy`` method is registered).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from tqdm import tqdm
+
+from optim.instance import Instance, load_instance
+from optim.methods import MethodOptions, get_method, method_names, solve
+
+from .common import REPO
+
+PAPER_DIR = REPO / "instances" / "paper"
+_NAME = re.compile(r"paper-(?P<model>\w+)-r(?P<ranks>\w+)-q(?P<rates>\w+)-n(?P<n>\d+)$")
+
+
+def scenario_of(inst: Instance) -> dict:
+    m = _NAME.match(inst.name)
+    if not m:
+        raise ValueError(f"{inst.name}: not a paper-scenario name")
+    return {"model": m["model"], "ranks": m["ranks"], "rates": m["rates"], "n": int(m["n"]),
+            "scenario": f"{m['model']}-r{m['ranks']}-q{m['rates']}"}
+
+
+def gpus_needed(inst: Instance, method: str, duration_s: float, max_extra: int,
+                workers: int | None) -> dict:
+    """Twin-verified GPU count of ``method`` on ``inst`` (see module docstring)."""
+    info = get_method(method)
+    t0 = time.perf_counter()
+    if not info.fixed_fleet:
+        p = solve(inst, method, verify=True, duration_s=duration_s, workers=workers)
+        ok = bool(p.gpus) and p.verdict == "accepted" and p.status in ("solved", "optimal",
+                                                                       "over_pool")
+        bad = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
+        return {"gpus": p.n_gpus if ok else None, "proposed_gpus": p.n_gpus, "failed": not ok,
+                "twin_failed_gpus": bad, "tries": 1, "status": p.status,
+                "wall_s": time.perf_counter() - t0}
+    first = solve(inst, method, verify=False)
+    start = int(first.params.get("n_gpus") or max(1, first.n_gpus))
+    tries = 0
+    bad_first = None
+    for n in range(start, start + max_extra + 1):
+        tries += 1
+        p = solve(inst, method, options=MethodOptions(n_gpus=n), verify=True,
+                  duration_s=duration_s, workers=workers)
+        bad = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
+        if bad_first is None:
+            bad_first = bad
+        if p.gpus and p.verdict == "accepted":
+            return {"gpus": p.n_gpus, "proposed_gpus": start, "failed": False,
+                    "twin_failed_gpus": bad_first, "tries": tries, "status": p.status,
+                    "wall_s": time.perf_counter() - t0}
+    return {"gpus": None, "proposed_gpus": start, "failed": True, "twin_failed_gpus": bad_first,
+            "tries": tries, "status": "no accepted fleet", "wall_s": time.perf_counter() - t0}
+
+
+def select_instances(paths: list[Path], quick: bool) -> list[Path]:
+    """All paper instances, or for ``--quick`` the Llama scenarios at their 4 smallest counts."""
+    if not quick:
+        return paths
+    by_scen: dict[str, list[tuple[int, Path]]] = {}
+    for p in paths:
+        m = _NAME.match(p.stem)
+        if m and m["model"] == "llama":
+            by_scen.setdefault(f"{m['ranks']}-{m['rates']}", []).append((int(m["n"]), p))
+    return [p for v in by_scen.values() for _, p in sorted(v)[:4]]
+
+
+def reduction(df: pd.DataFrame, a: str = "greedy", b: str = "maxbase") -> tuple[float | None, int]:
+    """Mean relative GPU reduction of ``a`` over ``b`` (points where both succeeded) and the
+    number of twin failures of ``a``."""
+    if a not in set(df["method"]):
+        return None, 0
+    piv = df.pivot_table(index="instance", columns="method", values="gpus", aggfunc="first")
+    both = piv[[a, b]].dropna()
+    fails = int(df[(df["method"] == a)]["failed"].sum())
+    if both.empty:
+        return None, fails
+    return float(((both[b] - both[a]) / both[b]).mean() * 100.0), fails
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scen = sorted(df["scenario"].unique())
+    cols = 3
+    rows = (len(scen) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    methods = sorted(df["method"].unique())
+    for ax, s in zip(axes.flat, scen):
+        part = df[df["scenario"] == s]
+        for m in methods:
+            d = part[part["method"] == m].sort_values("n")
+            ax.plot(d["n"], d["gpus"], marker="o", ms=3, label=m)
+            f = d[d["failed"]]
+            if not f.empty:
+                ax.scatter(f["n"], f["proposed_gpus"], marker="x", color="k", s=18)
+        ax.set_title(s, fontsize=9)
+        ax.set_xlabel("adapters", fontsize=8)
+        ax.set_ylabel("GPUs (twin-verified)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(scen):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("GPUs needed per method (x = twin-rejected proposal)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_savings",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="Llama scenarios, 4 smallest counts each, 600 s twin window")
+    ap.add_argument("--json", default=None, help="write every row as JSON")
+    ap.add_argument("--out-dir", default=str(REPO / "results" / "gpu_savings"))
+    ap.add_argument("--instances", default=str(PAPER_DIR))
+    ap.add_argument("--duration", type=float, default=None,
+                    help="twin window in s (default: 600 with --quick, else the instance's)")
+    ap.add_argument("--max-extra", type=int, default=8,
+                    help="fixed-fleet methods: largest fleet tried = start + this")
+    ap.add_argument("--methods", default=None, help="comma-separated subset of methods")
+    ap.add_argument("--workers", type=int, default=None)
+    a = ap.parse_args(argv)
+
+    paths = sorted(Path(a.instances).glob("paper-*.json"))
+    if not paths:
+        print(f"error: no paper instances under {a.instances}", file=sys.stderr)
+        return 2
+    paths = select_instances(paths, a.quick)
+    methods = a.methods.split(",") if a.methods else method_names()
+    for m in methods:
+        get_method(m)
+    rows = []
+    t0 = time.perf_counter()
+    for path in tqdm(paths, desc="instances", unit="inst"):
+        inst = load_instance(path)
+        dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
+        sc = scenario_of(inst)
+        for m in methods:
+            r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
+            rows.append({"instance": inst.name, **sc, "method": m, "duration_s": dur, **r})
+    df = pd.DataFrame(rows)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "gpu_savings.csv", index=False)
+    piv = df.pivot_table(index=["scenario", "n"], columns="method", values="gpus",
+                         aggfunc="first").reset_index()
+    fails = df[df["failed"]].groupby("method").size().to_dict()
+    md = ["| " + " | ".join(map(str, piv.columns)) + " |",
+          "|" + "---|" * len(piv.columns)]
+    for _, row in piv.iterrows():
+        md.append("| " + " | ".join("fail" if (isinstance(v, float) and v != v) else
+                                    (f"{int(v)}" if isinstance(v, float) else str(v))
+                                    for v in row.values) + " |")
+    md.append("")
+    md.append("Twin failures per method (no accepted placement): "
+              + ", ".join(f"{m}={fails.get(m, 0)}" for m in methods))
+    (out / "gpu_savings.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    plot(df, out / "gpu_savings.png")
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(df.to_json(orient="records", indent=1), encoding="utf-8")
+    print("\n".join(md))
+    means = df.groupby("method")["gpus"].mean()
+    print("mean GPUs where accepted: " + ", ".join(f"{m}={means.get(m, float('nan')):.2f}"
+                                                   for m in methods))
+    for m in methods:
+        if m == "maxbase":
+            continue
+        red, k = reduction(df, m, "maxbase")
+        if red is not None:
+            print(f"{m}_vs_maxbase_gpu_reduction={red:.1f}% {m}_twin_failures={k}")
+    print(f"wrote {out}/gpu_savings.csv, .md, .png in {time.perf_counter() - t0:.0f}s")
+    red, k = reduction(df)
+    if red is None:
+        print("note: no 'greedy' method is registered yet; its figures are n/a")
+        print("greedy_vs_maxbase_gpu_reduction=n/a greedy_twin_failures=n/a")
+    else:
+        print(f"greedy_vs_maxbase_gpu_reduction={red:.1f} greedy_twin_failures={k}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Entry point: ``python -m optim``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,415 @@
+"""Placement instance files: JSON schema, loading and validation, the ``Instance`` dataclass.
+
+An instance says what must be served (adapters), with what (a pool of GPU types), under which
+workload assumptions (request lengths, starvation threshold), what to optimise (objective), with
+which solver limits, and how to verify (twin duration and seed). Schema (``schema_version`` 1)::
+
+    {
+      "schema_version": 1,                       # optional, must be 1
+      "name": "paper-llama-r8-qlow-n256",        # required, non-empty string
+      "description": "...",                      # optional string
+      "adapters": [{"id": "a0", "rank": 8, "rate": 0.3}, ...]
+                  | "adapters.csv",              # CSV (id,rank,rate) relative to this file
+      "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct",
+                "count": 8, "price_per_hour": 2.5}, ...],   # >= 1 type, unique names
+      "lengths": {"mean_input": 223.0, "mean_output": 196.3}   # ShareGPT-like, rescaled
+                 | {"kind": "fixed" | "clipped_normal" | "empirical" | "sharegpt", ...},
+                                                 # optional; default: twin default_lengths()
+      "starvation_threshold": 0.9,               # optional, in (0, 1]
+      "objective": "gpus" | {"kind": "gpus" | "cost" | "latency", "gpu_budget": 4},
+                                                 # optional, default "gpus"; latency needs
+                                                 # gpu_budget (int >= 1)
+      "solver": {"time_limit_s": 60, "mip_gap": 0.0, "threads": 0,
+                 "max_repair_iterations": 20},   # optional, all keys optional
+      "duration_s": 3600,                        # optional, twin verification window (s)
+      "seed": 0                                  # optional, int >= 0: workload + random methods
+    }
+
+Every GPU type's profile must serve the same base model (one fleet serves one base model).
+A malformed file raises ``InstanceError`` whose message names the file, the field (a JSON path
+such as ``gpus[1].count``) and the reason. Whether an instance can be served at all is a
+separate question answered by ``optim.feasibility.precheck`` (a report, not an exception).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from twin.lengths import LengthModel, default_lengths, length_model_from_dict, sharegpt_lengths
+from twin.profile import GpuProfile, load_profile
+from twin.workload import Adapter, load_adapters_csv
+
+SCHEMA_VERSION = 1
+OBJECTIVE_KINDS = ("gpus", "cost", "latency")
+DEFAULT_THRESHOLD = 0.9
+DEFAULT_DURATION_S = 3600.0
+
+_TOP_KEYS = {"schema_version", "name", "description", "adapters", "gpus", "lengths",
+             "starvation_threshold", "objective", "solver", "duration_s", "seed"}
+_GPU_KEYS = {"name", "profile", "count", "price_per_hour"}
+_SOLVER_KEYS = {"time_limit_s", "mip_gap", "threads", "max_repair_iterations"}
+_OBJECTIVE_KEYS = {"kind", "gpu_budget"}
+
+
+class InstanceError(ValueError):
+    """A malformed instance; the message names the source, the field and the reason."""
+
+    def __init__(self, source: str, field_path: str, reason: str) -> None:
+        self.source = source
+        self.field = field_path
+        self.reason = reason
+        super().__init__(f"{source}: field '{field_path}': {reason}")
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One GPU type of the pool: instance-local ``name``, twin ``profile`` name, how many are
+    available (``count``) and the price per GPU-hour."""
+
+    name: str
+    profile: str
+    count: int
+    price_per_hour: float
+
+    def load_profile(self) -> GpuProfile:
+        return load_profile(self.profile)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """What to optimise: ``kind`` in ``OBJECTIVE_KINDS``; ``gpu_budget`` for ``latency``."""
+
+    kind: str = "gpus"
+    gpu_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class SolverLimits:
+    """Limits for methods that search (exact solvers, repair loops); ``None`` = method default."""
+
+    time_limit_s: float | None = None
+    mip_gap: float | None = None
+    threads: int | None = None
+    max_repair_iterations: int | None = None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A validated placement instance (see the module docstring for the file schema)."""
+
+    name: str
+    adapters: tuple[Adapter, ...]
+    gpu_types: tuple[GpuType, ...]
+    lengths: LengthModel
+    lengths_spec: Mapping[str, Any] | None = None
+    starvation_threshold: float = DEFAULT_THRESHOLD
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
+    solver: SolverLimits = field(default_factory=SolverLimits)
+    duration_s: float = DEFAULT_DURATION_S
+    seed: int = 0
+    description: str = ""
+    source: str | None = None
+
+    @property
+    def mean_tokens(self) -> float:
+        """Mean input + output tokens per request (offered tokens per request)."""
+        return self.lengths.mean_input + self.lengths.mean_output
+
+    def load_tps(self, adapter: Adapter) -> float:
+        """Offered token rate of one adapter: rate x (mean input + mean output)."""
+        return adapter.rate * self.mean_tokens
+
+    @property
+    def total_load_tps(self) -> float:
+        return sum(a.rate for a in self.adapters) * self.mean_tokens
+
+    @property
+    def total_gpus_available(self) -> int:
+        return sum(t.count for t in self.gpu_types)
+
+    def gpu_type(self, name: str) -> GpuType:
+        for t in self.gpu_types:
+            if t.name == name:
+                return t
+        raise KeyError(f"instance '{self.name}': no GPU type named '{name}'")
+
+    def to_dict(self, adapters_csv: str | None = None) -> dict[str, Any]:
+        """JSON form; adapters inline unless ``adapters_csv`` (a path string) is given."""
+        obj: Any = (self.objective.kind if self.objective.gpu_budget is None else
+                    {"kind": self.objective.kind, "gpu_budget": self.objective.gpu_budget})
+        solver = {k: v for k, v in vars(self.solver).items() if v is not None}
+        d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": self.name}
+        if self.description:
+            d["description"] = self.description
+        d["adapters"] = adapters_csv if adapters_csv is not None else [
+            {"id": a.id, "rank": a.rank, "rate": a.rate} for a in self.adapters]
+        d["gpus"] = [{"name": t.name, "profile": t.profile, "count": t.count,
+                      "price_per_hour": t.price_per_hour} for t in self.gpu_types]
+        d["lengths"] = dict(self.lengths_spec) if self.lengths_spec is not None \
+            else self.lengths.to_dict()
+        d["starvation_threshold"] = self.starvation_threshold
+        d["objective"] = obj
+        if solver:
+            d["solver"] = solver
+        d["duration_s"] = self.duration_s
+        d["seed"] = self.seed
+        return d
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(src: str, path: str, v: Any, minimum: int) -> int:
+    if not _is_int(v):
+        raise InstanceError(src, path, f"must be an integer, got {v!r}")
+    if v < minimum:
+        raise InstanceError(src, path, f"must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _num(src: str, path: str, v: Any, *, lo: float | None = None, lo_open: bool = False,
+         hi: float | None = None) -> float:
+    if not _is_num(v):
+        raise InstanceError(src, path, f"must be a finite number, got {v!r}")
+    v = float(v)
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise InstanceError(src, path, f"must be {'>' if lo_open else '>='} {lo:g}, got {v:g}")
+    if hi is not None and v > hi:
+        raise InstanceError(src, path, f"must be <= {hi:g}, got {v:g}")
+    return v
+
+
+def _str(src: str, path: str, v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise InstanceError(src, path, f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _unknown(src: str, path: str, d: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(d) - allowed)
+    if extra:
+        where = f"{path}.{extra[0]}" if path else extra[0]
+        raise InstanceError(src, where, f"unknown field (allowed: {sorted(allowed)})")
+
+
+def _adapters(src: str, v: Any, base_dir: Path | None) -> tuple[Adapter, ...]:
+    if isinstance(v, str):
+        if not v.strip():
+            raise InstanceError(src, "adapters", "CSV path must be a non-empty string")
+        p = Path(v)
+        if not p.is_absolute():
+            p = (base_dir or Path.cwd()) / p
+        if not p.is_file():
+            raise InstanceError(src, "adapters", f"CSV file not found: {p}")
+        try:
+            out = tuple(load_adapters_csv(p))
+        except ValueError as e:
+            raise InstanceError(src, "adapters", str(e)) from None
+        if not out:
+            raise InstanceError(src, "adapters", f"CSV file {p} holds no adapters")
+        return out
+    if not isinstance(v, list):
+        raise InstanceError(src, "adapters",
+                            f"must be a list of {{id, rank, rate}} or a CSV path, got {type(v).__name__}")
+    if not v:
+        raise InstanceError(src, "adapters", "must not be empty")
+    out_l: list[Adapter] = []
+    seen: dict[str, int] = {}
+    for i, a in enumerate(v):
+        path = f"adapters[{i}]"
+        if not isinstance(a, dict):
+            raise InstanceError(src, path, f"must be an object {{id, rank, rate}}, got {a!r}")
+        _unknown(src, path, a, {"id", "rank", "rate"})
+        for k in ("id", "rank", "rate"):
+            if k not in a:
+                raise InstanceError(src, f"{path}.{k}", "missing")
+        aid = _str(src, f"{path}.id", a["id"])
+        rank = _int(src, f"{path}.rank", a["rank"], 1)
+        rate = _num(src, f"{path}.rate", a["rate"], lo=0.0, lo_open=True)
+        if aid in seen:
+            raise InstanceError(src, f"{path}.id", f"duplicate adapter id '{aid}' "
+                                                   f"(first at adapters[{seen[aid]}])")
+        seen[aid] = i
+        out_l.append(Adapter(aid, rank, rate))
+    return tuple(out_l)
+
+
+def _gpu_types(src: str, v: Any) -> tuple[GpuType, ...]:
+    if not isinstance(v, list) or not v:
+        raise InstanceError(src, "gpus", "must be a non-empty list of GPU types "
+                                         "{name, profile, count, price_per_hour}")
+    out: list[GpuType] = []
+    models: dict[str, str] = {}
+    for i, g in enumerate(v):
+        path = f"gpus[{i}]"
+        if not isinstance(g, dict):
+            raise InstanceError(src, path, f"must be an object, got {g!r}")
+        _unknown(src, path, g, _GPU_KEYS)
+        for k in ("name", "profile", "count"):
+            if k not in g:
+                raise InstanceError(src, f"{path}.{k}", "missing")
+        name = _str(src, f"{path}.name", g["name"])
+        if any(t.name == name for t in out):
+            raise InstanceError(src, f"{path}.name", f"duplicate GPU type name '{name}'")
+        prof_name = _str(src, f"{path}.profile", g["profile"])
+        try:
+            prof = load_profile(prof_name)
+        except (OSError, ValueError) as e:
+            raise InstanceError(src, f"{path}.profile", f"cannot load profile '{prof_name}' "
+                                                        f"({e})") from None
+        count = _int(src, f"{path}.count", g["count"], 1)
+        price = _num(src, f"{path}.price_per_hour", g.get("price_per_hour", 1.0), lo=0.0)
+        models[name] = prof.model
+        out.append(GpuType(name, prof_name, count, price))
+    if len(set(models.values())) > 1:
+        raise InstanceError(src, "gpus", "all GPU types must serve the same base model, got "
+                            + ", ".join(f"{k}: {m}" for k, m in models.items()))
+    return tuple(out)
+
+
+def _lengths(src: str, v: Any) -> tuple[LengthModel, Mapping[str, Any] | None]:
+    if v is None:
+        return default_lengths(), None
+    if not isinstance(v, dict):
+        raise InstanceError(src, "lengths", "must be {mean_input, mean_output} or a length-model "
+                                            f"object with 'kind', got {v!r}")
+    if "kind" not in v:
+        _unknown(src, "lengths", v, {"mean_input", "mean_output"})
+        for k in ("mean_input", "mean_output"):
+            if k not in v:
+                raise InstanceError(src, f"lengths.{k}", "missing")
+        mi = _num(src, "lengths.mean_input", v["mean_input"], lo=1.0)
+        mo = _num(src, "lengths.mean_output", v["mean_output"], lo=1.0)
+        try:
+            return sharegpt_lengths(mi, mo), dict(v)
+        except ValueError as e:
+            raise InstanceError(src, "lengths", str(e)) from None
+    try:
+        return length_model_from_dict(dict(v)), dict(v)
+    except (ValueError, TypeError) as e:
+        raise InstanceError(src, "lengths", str(e)) from None
+
+
+def _objective(src: str, v: Any, n_gpus: int) -> ObjectiveSpec:
+    if v is None:
+        return ObjectiveSpec()
+    if isinstance(v, str):
+        v = {"kind": v}
+    if not isinstance(v, dict):
+        raise InstanceError(src, "objective", f"must be one of {list(OBJECTIVE_KINDS)} or an "
+                                              f"object with 'kind', got {v!r}")
+    _unknown(src, "objective", v, _OBJECTIVE_KEYS)
+    kind = v.get("kind")
+    if kind not in OBJECTIVE_KINDS:
+        raise InstanceError(src, "objective.kind", f"must be one of {list(OBJECTIVE_KINDS)}, "
+                                                   f"got {kind!r}")
+    budget = v.get("gpu_budget")
+    if budget is not None:
+        budget = _int(src, "objective.gpu_budget", budget, 1)
+        if budget > n_gpus:
+            raise InstanceError(src, "objective.gpu_budget",
+                                f"{budget} exceeds the {n_gpus} GPUs of the pool")
+    if kind == "latency" and budget is None:
+        raise InstanceError(src, "objective.gpu_budget", "missing (required by 'latency')")
+    return ObjectiveSpec(kind, budget)
+
+
+def _solver(src: str, v: Any) -> SolverLimits:
+    if v is None:
+        return SolverLimits()
+    if not isinstance(v, dict):
+        raise InstanceError(src, "solver", f"must be an object, got {v!r}")
+    _unknown(src, "solver", v, _SOLVER_KEYS)
+    tl = v.get("time_limit_s")
+    gap = v.get("mip_gap")
+    th = v.get("threads")
+    it = v.get("max_repair_iterations")
+    return SolverLimits(
+        time_limit_s=None if tl is None else _num(src, "solver.time_limit_s", tl, lo=0.0, lo_open=True),
+        mip_gap=None if gap is None else _num(src, "solver.mip_gap", gap, lo=0.0, hi=1.0),
+        threads=None if th is None else _int(src, "solver.threads", th, 0),
+        max_repair_iterations=None if it is None else _int(src, "solver.max_repair_iterations", it, 0),
+    )
+
+
+def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.PathLike | None = None
+                       ) -> Instance:
+    """Validate an instance dict (the parsed JSON); CSV paths resolve against ``base_dir``."""
+    src = source
+    if not isinstance(d, dict):
+        raise InstanceError(src, "$", f"the instance must be a JSON object, got {type(d).__name__}")
+    _unknown(src, "", d, _TOP_KEYS)
+    sv = d.get("schema_version", SCHEMA_VERSION)
+    if sv != SCHEMA_VERSION:
+        raise InstanceError(src, "schema_version", f"unsupported version {sv!r} "
+                                                   f"(expected {SCHEMA_VERSION})")
+    for k in ("name", "adapters", "gpus"):
+        if k not in d:
+            raise InstanceError(src, k, "missing")
+    name = _str(src, "name", d["name"])
+    desc = d.get("description", "")
+    if not isinstance(desc, str):
+        raise InstanceError(src, "description", f"must be a string, got {desc!r}")
+    gpu_types = _gpu_types(src, d["gpus"])
+    adapters = _adapters(src, d["adapters"], Path(base_dir) if base_dir is not None else None)
+    lengths, spec = _lengths(src, d.get("lengths"))
+    thr = _num(src, "starvation_threshold", d.get("starvation_threshold", DEFAULT_THRESHOLD),
+               lo=0.0, lo_open=True, hi=1.0)
+    objective = _objective(src, d.get("objective"), sum(t.count for t in gpu_types))
+    solver = _solver(src, d.get("solver"))
+    dur = _num(src, "duration_s", d.get("duration_s", DEFAULT_DURATION_S), lo=0.0, lo_open=True)
+    seed = _int(src, "seed", d.get("seed", 0), 0)
+    return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
+                    lengths_spec=spec, starvation_threshold=thr, objective=objective,
+                    solver=solver, duration_s=dur, seed=seed, description=desc, source=source)
+
+
+def load_instance(path: str | os.PathLike) -> Instance:
+    """Read and validate an instance JSON file (``InstanceError`` names the field on failure)."""
+    p = Path(path)
+    src = str(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InstanceError(src, "$", f"cannot read file ({e.strerror})") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InstanceError(src, "$", f"invalid JSON ({e})") from None
+    return instance_from_dict(d, source=src, base_dir=p.parent)
+
+
+def write_instance(inst: Instance, path: str | os.PathLike, adapters_csv: bool = False) -> list[Path]:
+    """Write ``inst`` as JSON (and its adapters as ``<stem>.adapters.csv`` when ``adapters_csv``);
+    returns the files written."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    written = [p]
+    csv_name = None
+    if adapters_csv:
+        csv_path = p.with_name(p.stem + ".adapters.csv")
+        with open(csv_path, "w", encoding="utf-8") as fh:
+            fh.write("id,rank,rate\n")
+            for a in inst.adapters:
+                fh.write(f"{a.id},{a.rank},{a.rate!r}\n")
+        csv_name = csv_path.name
+        written.append(csv_path)
+    p.write_text(json.dumps(inst.to_dict(csv_name), indent=1) + "\n", encoding="utf-8")
+    return written
+
+
+def adapters_by_id(adapters: Sequence[Adapter]) -> dict[str, Adapter]:
+    return {a.id: a for a in adapters}

@@ -1,0 +1,108 @@
+"""Method registry and the one entry point that runs a method on an instance.
+
+A method is a function ``fn(instance, objective, options) -> Placement`` registered under a name
+with ``register_method``. ``solve`` runs the infeasibility pre-checks, the method (timed),
+scores the result with the objective, and optionally verifies it in the twin. Baselines register
+themselves on import of ``optim.baselines``; ``greedy``, ``milp``, ``cpsat`` and ``auto`` plug in
+the same way::
+
+    from optim.methods import register_method
+    register_method("greedy", greedy_fn, objectives=("gpus", "cost", "latency"),
+                    description="FFD Maxpack with the surrogate")
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .feasibility import precheck
+from .instance import Instance
+from .objectives import Objective, make_objective
+from .placement import Placement
+from .verify import verify as twin_verify
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """Run options: ``n_gpus`` (fleet size for fixed-fleet methods; ``None`` = the method's
+    default), ``seed`` (``None`` = the instance's), ``time_limit_s`` (``None`` = the instance's
+    solver limit), ``extra`` (method-specific settings)."""
+
+    n_gpus: int | None = None
+    seed: int | None = None
+    time_limit_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+MethodFn = Callable[[Instance, Objective, MethodOptions], Placement]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """A registered method: ``fixed_fleet`` methods place onto a given number of GPUs instead of
+    choosing it; ``splits`` methods may route one adapter to several GPUs."""
+
+    name: str
+    fn: MethodFn
+    objectives: frozenset[str]
+    fixed_fleet: bool = False
+    splits: bool = False
+    description: str = ""
+
+
+_REGISTRY: dict[str, MethodInfo] = {}
+
+
+def register_method(name: str, fn: MethodFn, *, objectives: tuple[str, ...] = ("gpus",),
+                    fixed_fleet: bool = False, splits: bool = False, description: str = "",
+                    replace: bool = False) -> MethodInfo:
+    """Register ``fn`` under ``name`` (``replace=True`` to override an existing entry)."""
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"method name must be alphanumeric (with - or _), got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"method '{name}' is already registered")
+    info = MethodInfo(name, fn, frozenset(objectives), fixed_fleet, splits, description)
+    _REGISTRY[name] = info
+    return info
+
+
+def get_method(name: str) -> MethodInfo:
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown method '{name}' (registered: {', '.join(method_names())})")
+    return _REGISTRY[name]
+
+
+def method_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    from . import baselines  # noqa: F401  (registers the baselines)
+
+
+def solve(inst: Instance, method: str, objective: str | Objective | None = None,
+          options: MethodOptions | None = None, verify: bool = False,
+          duration_s: float | None = None, workers: int | None = None) -> Placement:
+    """Pre-check, run ``method``, score, and (with ``verify``) replay the placement in the twin."""
+    info = get_method(method)
+    obj = objective if objective is not None and not isinstance(objective, str) \
+        else make_objective(inst, objective)
+    options = options or MethodOptions()
+    report = precheck(inst, allow_split=info.splits)
+    if not report.feasible:
+        return Placement(inst.name, method, "infeasible", objective=obj.name,
+                         feasibility=report, notes=("pre-check proved the instance infeasible",))
+    t0 = time.perf_counter()
+    p = info.fn(inst, obj, options)
+    wall = time.perf_counter() - t0
+    p = p.with_(wall_time_s=wall, objective=obj.name, feasibility=report)
+    if obj.name not in info.objectives:
+        p = p.with_(notes=p.notes + (f"method '{method}' does not target objective "
+                                     f"'{obj.name}'; the value is reported only",))
+    if verify and p.gpus:
+        p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
+    return p.with_(objective_value=obj.value(p) if p.gpus else None)
