@@ -321,6 +321,7 @@ def loraserve(inst: Instance, objective: Objective, options: MethodOptions) -> P
                                 f"GPUs (needs {math.ceil(total_util)})",))
     fleet = fleet_types(inst, objective, n)
     budgets = _largest_remainder({r: util[r] / target for r in ranks}, n)
+    params["rank_budgets"] = dict(sorted(budgets.items()))
     shares: list[dict[str, float]] = [dict() for _ in range(n)]
     load = [0.0] * n
     max_rank = [0] * n

@@ -38,8 +38,7 @@ from .domain import validate
 from .features import ADDITIVE, FEATURES, IDX, RANK_CLASSES
 from .memory import KvTable
 
-DEFAULT_BREAKS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384,
-                  448, 513)
+DEFAULT_BREAKS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 513)
 FORMAT_VERSION = 1
 
 

@@ -70,7 +70,8 @@ def _fast_kernel(M, kvdense, ranks,
         b30 = M[i, _I_B30]
         amax = M[i, _I_A]
         nn1 = max(nn, 1.0)
-        x[nf + 0] = np.log(max(load, 1e-9))
+        lload = np.log(max(load, 1e-9))
+        x[nf + 0] = lload
         x[nf + 1] = load_in / rate
         x[nf + 2] = (load - load_in) / rate
         x[nf + 3] = min(nn, amax) / nn1
@@ -91,8 +92,9 @@ def _fast_kernel(M, kvdense, ranks,
         kv_reqs = kv / mean_total
         x[nf + 9] = kv / 1000.0
         x[nf + 10] = kv_reqs
-        x[nf + 11] = np.log(max(kv_reqs, 1e-9))
-        x[nf + 12] = np.log(max(load, 1e-9)) - np.log(max(kv_reqs, 1e-9))
+        lkv = np.log(max(kv_reqs, 1e-9))
+        x[nf + 11] = lkv
+        x[nf + 12] = lload - lkv
         if kv <= 0.0:
             thr_out[i] = 0.0
             logit_out[i] = np.inf
