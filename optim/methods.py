@@ -50,6 +50,7 @@ class MethodInfo:
     fixed_fleet: bool = False
     splits: bool = False
     description: str = ""
+    repairs: bool = False
 
 
 _REGISTRY: dict[str, MethodInfo] = {}
@@ -57,13 +58,13 @@ _REGISTRY: dict[str, MethodInfo] = {}
 
 def register_method(name: str, fn: MethodFn, *, objectives: tuple[str, ...] = ("gpus",),
                     fixed_fleet: bool = False, splits: bool = False, description: str = "",
-                    replace: bool = False) -> MethodInfo:
+                    replace: bool = False, repairs: bool = False) -> MethodInfo:
     """Register ``fn`` under ``name`` (``replace=True`` to override an existing entry)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"method name must be alphanumeric (with - or _), got {name!r}")
     if name in _REGISTRY and not replace:
         raise ValueError(f"method '{name}' is already registered")
-    info = MethodInfo(name, fn, frozenset(objectives), fixed_fleet, splits, description)
+    info = MethodInfo(name, fn, frozenset(objectives), fixed_fleet, splits, description, repairs)
     _REGISTRY[name] = info
     return info
 
@@ -82,6 +83,7 @@ def method_names() -> list[str]:
 
 def _load_builtin() -> None:
     from . import baselines  # noqa: F401  (registers the baselines)
+    from . import greedy  # noqa: F401  (registers greedy)
 
 
 def solve(inst: Instance, method: str, objective: str | Objective | None = None,
@@ -96,6 +98,11 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     if not report.feasible:
         return Placement(inst.name, method, "infeasible", objective=obj.name,
                          feasibility=report, notes=("pre-check proved the instance infeasible",))
+    if verify and info.repairs:   # the method verifies in the twin itself and repairs
+        extra = {"repair": True, **options.extra}
+        if duration_s is not None:
+            extra.setdefault("duration_s", duration_s)
+        options = MethodOptions(options.n_gpus, options.seed, options.time_limit_s, extra)
     t0 = time.perf_counter()
     p = info.fn(inst, obj, options)
     wall = time.perf_counter() - t0
@@ -103,6 +110,6 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     if obj.name not in info.objectives:
         p = p.with_(notes=p.notes + (f"method '{method}' does not target objective "
                                      f"'{obj.name}'; the value is reported only",))
-    if verify and p.gpus:
+    if verify and p.gpus and p.verdict is None:
         p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
     return p.with_(objective_value=obj.value(p) if p.gpus else None)

@@ -8,7 +8,7 @@ Poisson streams of rate ``share x rate``, so every GPU can be simulated on its o
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -71,13 +71,16 @@ def _simulate_one(args: tuple) -> RunMetrics:
 
 def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
                    lengths: LengthModel | None = None, seed: int = 0,
-                   workers: int | None = None) -> FleetResult:
-    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``); ``workers`` processes (default: all
-    cores; 1 = in this process)."""
+                   workers: int | None = None, pool: Executor | None = None) -> FleetResult:
+    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``) in ``workers`` processes (default:
+    all cores; 1 = in this process). Pass ``pool`` to reuse an executor across many calls
+    (e.g. a search that verifies one placement after another)."""
     check_shares(gpus)
     jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g) for g, gpu in enumerate(gpus)]
+    if pool is not None:
+        return FleetResult(tuple(pool.map(_simulate_one, jobs)))
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(jobs) == 1:
         return FleetResult(tuple(_simulate_one(j) for j in jobs))
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        return FleetResult(tuple(pool.map(_simulate_one, jobs)))
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+        return FleetResult(tuple(ex.map(_simulate_one, jobs)))

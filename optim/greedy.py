@@ -1,0 +1,356 @@
+"""Greedy Maxpack placement (first-fit decreasing with surrogate testing points) and twin repair.
+
+Order. Adapters are grouped by rank, largest rank first (a GPU's ``max_lora_rank`` is then set by
+its first adapter and never grows); inside a group rates are taken in zigzag order (largest,
+smallest, second largest, second smallest, ...) so that every prefix mixes hot and cold adapters.
+
+Filling. GPUs are opened one at a time and filled next-fit along that order. For the open GPU the
+additive features of every prefix of the remaining queue are prefix sums, so the fast surrogate
+evaluates a whole set of *testing points* (prefix sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, ... and
+the exact remaining count — the earlier version padded the last test by the committed count
+instead) against every Amax candidate in one call. The GPU takes the largest prefix before the
+first failing testing point, refined by bisection between the last passing and the first failing
+point; the untested adapters go back to the queue and the GPU closes with the Amax of highest
+predicted throughput. Memory errors are exact (the profile's KV table inside the model).
+
+Heterogeneous pools. Each new GPU is filled once per GPU type that still has units; the type is
+chosen by the objective: ``gpus`` takes the type that absorbs the most load, ``cost`` the most
+load per dollar, ``latency`` the most load (then the latency objective only scores).
+
+Pool exhausted. When the queue is not empty and no GPU is left, greedy does not declare the
+instance infeasible (the earlier version did, although a random placement could serve it): it
+spreads the adapters over every available GPU, largest load first onto the least-loaded GPU of
+a rank-compatible kind, and keeps that placement if the surrogate accepts every GPU; otherwise the
+result is ``over_pool`` (more GPUs than the pool has).
+
+Repair. With verification on, every GPU is replayed in the fleet twin. A GPU the twin rejects
+loses the adapters at the end of its list (bisection on the prefix length, each candidate checked
+by the twin), and the removed adapters are placed by the same greedy fill on new GPUs, whose
+twin verdicts are checked in turn, until the twin accepts every GPU. Each change is recorded in
+``Placement.repairs``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from twin.workload import Adapter
+
+from .instance import GpuType, Instance
+from .methods import MethodOptions, register_method
+from .objectives import Objective
+from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
+
+TRAINED_DIR = Path(__file__).resolve().parent.parent / "surrogates" / "trained"
+TEST_POINTS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+MAX_PER_GPU = 512
+
+
+# ----------------------------------------------------------------------------- surrogate access
+_FAST_CACHE: dict[str, object] = {}
+
+
+def load_fast_model(profile: str):
+    """The committed fast surrogate of a profile (``surrogates/trained/<profile>/fast``)."""
+    if profile not in _FAST_CACHE:
+        from surrogates.fast import FastModel
+        stem = TRAINED_DIR / profile / "fast"
+        if not stem.with_suffix(".json").exists():
+            raise ValueError(f"greedy: no trained fast surrogate for profile '{profile}' "
+                             f"(expected {stem}.json); run `python -m surrogates train`")
+        _FAST_CACHE[profile] = FastModel.load(stem)
+    return _FAST_CACHE[profile]
+
+
+def amax_candidates(model) -> np.ndarray:
+    """Amax values the surrogate was trained on (its domain)."""
+    from surrogates.dataset import AMAX_GRID
+    return np.asarray(AMAX_GRID, dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- ordering
+def maxpack_order(adapters: Sequence[Adapter]) -> list[int]:
+    """Indices in Maxpack order: rank groups largest first, zigzag rates inside a group."""
+    order: list[int] = []
+    for rank in sorted({a.rank for a in adapters}, reverse=True):
+        grp = sorted((i for i, a in enumerate(adapters) if a.rank == rank),
+                     key=lambda i: (-adapters[i].rate, adapters[i].id))
+        lo, hi = 0, len(grp) - 1
+        take_hi = True
+        while lo <= hi:
+            if take_hi:
+                order.append(grp[lo])
+                lo += 1
+            else:
+                order.append(grp[hi])
+                hi -= 1
+            take_hi = not take_hi
+    return order
+
+
+# ----------------------------------------------------------------------------- one GPU
+@dataclass(frozen=True)
+class Fill:
+    """Result of filling one GPU from queue position ``start``: ``k`` adapters at ``amax``."""
+
+    k: int
+    amax: int
+    max_rank: int
+    throughput: float
+    load: float
+
+
+def _rows(prefix: np.ndarray, ks: np.ndarray, max_rank: int, amaxes: np.ndarray) -> np.ndarray:
+    """Feature rows (FEATURES order) for prefix sizes ``ks`` x Amax candidates."""
+    add = prefix[ks - 1]                                   # (len(ks), n_additive)
+    n_k, n_a = len(ks), len(amaxes)
+    M = np.empty((n_k * n_a, add.shape[1] + 2))
+    M[:, :add.shape[1]] = np.repeat(add, n_a, axis=0)
+    M[:, -2] = float(max_rank)
+    M[:, -1] = np.tile(amaxes, n_k)
+    return M
+
+
+def fill_gpu(phi: np.ndarray, loads: np.ndarray, ranks: np.ndarray, start: int, model,
+             amaxes: np.ndarray, load_index: int) -> Fill:
+    """Largest feasible prefix of ``phi[start:]`` on one GPU (see module docstring)."""
+    remaining = len(phi) - start
+    kmax = min(remaining, MAX_PER_GPU)
+    prefix = np.cumsum(phi[start:start + kmax], axis=0)
+    max_rank = int(ranks[start])
+    cache: dict[int, tuple[bool, int, float]] = {}
+
+    def evaluate(ks: list[int]) -> None:
+        todo = [k for k in ks if k not in cache]
+        if not todo:
+            return
+        karr = np.asarray(todo, dtype=np.int64)
+        thr, starved = model.predict_unchecked(_rows(prefix, karr, max_rank, amaxes))
+        thr = thr.reshape(len(todo), len(amaxes))
+        ok = ~starved.reshape(len(todo), len(amaxes))
+        for j, k in enumerate(todo):
+            if ok[j].any():
+                cand = np.where(ok[j], thr[j], -np.inf)
+                b = int(np.argmax(cand))          # first max -> the smaller Amax on ties
+                cache[k] = (True, int(amaxes[b]), float(thr[j, b]))
+            else:
+                cache[k] = (False, 0, 0.0)
+
+    points = sorted({k for k in TEST_POINTS if k <= kmax} | {kmax})
+    evaluate(points)
+    good, bad = 0, None
+    for k in points:
+        if cache[k][0]:
+            good = k
+        else:
+            bad = k
+            break
+    if bad is not None:                          # bisection between last pass and first fail
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            evaluate([mid])
+            if cache[mid][0]:
+                lo = mid
+            else:
+                hi = mid
+        good = lo
+    if good == 0:
+        return Fill(0, 0, max_rank, 0.0, 0.0)
+    _, amax, thr = cache[good]
+    return Fill(good, amax, max_rank, thr, float(prefix[good - 1, load_index]))
+
+
+# ----------------------------------------------------------------------------- whole instance
+def _choose(fills: dict[str, Fill], types: dict[str, GpuType], objective: str) -> str | None:
+    usable = {t: f for t, f in fills.items() if f.k > 0}
+    if not usable:
+        return None
+    if objective == "cost":
+        return max(usable, key=lambda t: (usable[t].load / max(types[t].price_per_hour, 1e-12),
+                                          usable[t].k, t))
+    return max(usable, key=lambda t: (usable[t].load, usable[t].k, t))
+
+
+def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, object],
+            phi_all: np.ndarray, amaxes: np.ndarray) -> list[GpuPlan] | None:
+    """Every available GPU used; largest load first onto the least-loaded GPU; None unless the
+    surrogate accepts every GPU."""
+    slots = [t for t in inst.gpu_types for _ in range(t.count)]
+    if not slots:
+        return None
+    loads = np.array([inst.load_tps(a) for a in adapters])
+    members: list[list[int]] = [[] for _ in slots]
+    gload = np.zeros(len(slots))
+    for i in np.argsort(-loads, kind="stable"):
+        g = int(np.argmin(gload))
+        members[g].append(int(i))
+        gload[g] += loads[i]
+    plans = []
+    for t, mem in zip(slots, members):
+        if not mem:
+            continue
+        phi = phi_all[mem].sum(axis=0)
+        mr = max(adapters[i].rank for i in mem)
+        M = _rows(phi[None, :], np.array([1]), mr, amaxes)
+        thr, starved = models[t.name].predict_unchecked(M)
+        if starved.all():
+            return None
+        b = int(np.argmax(np.where(~starved, thr, -np.inf)))
+        pred = GpuMetrics(float(phi[2]), float(thr[b]), False, False)
+        plans.append(plan_gpu(t.name, t.profile, int(amaxes[b]), [(adapters[i], 1.0) for i in mem],
+                              inst.mean_tokens, mr, pred))
+    return plans
+
+
+def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
+                 pool: dict[str, int] | None = None) -> tuple[list[GpuPlan], bool, list[str]]:
+    """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's).
+
+    Returns (plans, over_pool, notes)."""
+    from surrogates.features import IDX, adapter_feature_matrix
+
+    types = {t.name: t for t in inst.gpu_types}
+    pool = dict(pool) if pool is not None else {t.name: t.count for t in inst.gpu_types}
+    models = {name: load_fast_model(t.profile) for name, t in types.items()}
+    amaxes = {name: amax_candidates(m) for name, m in models.items()}
+    order = maxpack_order(adapters)
+    ordered = [adapters[i] for i in order]
+    ranks = np.array([a.rank for a in ordered])
+    phi = adapter_feature_matrix(ranks, [a.rate for a in ordered], inst.lengths)
+    loads = phi[:, IDX["load"]]
+    plans: list[GpuPlan] = []
+    notes: list[str] = []
+    over_pool = False
+    p = 0
+    while p < len(ordered):
+        avail = [n for n, c in pool.items() if c > 0]
+        if not avail:
+            spread = _spread(inst, adapters, models,
+                             adapter_feature_matrix([a.rank for a in adapters],
+                                                    [a.rate for a in adapters], inst.lengths),
+                             amaxes[inst.gpu_types[0].name])
+            if spread is not None:
+                notes.append("next-fit needed more GPUs than the pool has; a load-balanced "
+                             "spread over all available GPUs is predicted feasible")
+                return spread, False, notes
+            over_pool = True
+            avail = [max(types, key=lambda n: types[n].count)]
+            pool[avail[0]] = pool.get(avail[0], 0) + 1
+        fills = {n: fill_gpu(phi, loads, ranks, p, models[n], amaxes[n], IDX["load"])
+                 for n in avail}
+        t = _choose(fills, types, objective)
+        if t is None:
+            a = ordered[p]
+            raise ValueError(f"adapter '{a.id}' (rank {a.rank}, rate {a.rate}) cannot be served "
+                             "by any GPU type, even alone (surrogate)")
+        f = fills[t]
+        pool[t] -= 1
+        pred = GpuMetrics(f.load, f.throughput, False, False)
+        plans.append(plan_gpu(t, types[t].profile, f.amax,
+                              [(a, 1.0) for a in ordered[p:p + f.k]], inst.mean_tokens,
+                              f.max_rank, pred))
+        p += f.k
+    return plans, over_pool, notes
+
+
+# ----------------------------------------------------------------------------- twin repair
+def _twin_ok(inst: Instance, plan: GpuPlan, duration_s: float, seed: int) -> tuple[bool, object]:
+    from twin.profile import load_profile
+    from twin.server import simulate_server
+    m = simulate_server(load_profile(plan.profile), [a for a, _ in plan.adapters],
+                        plan.server_config(inst.starvation_threshold), duration_s,
+                        lengths=inst.lengths, seed=seed)
+    return not (m.starved or m.memory_error), m
+
+
+def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int,
+                    amaxes: np.ndarray) -> GpuPlan | None:
+    """The plan with the first Amax (predicted best first, then the rest) the twin accepts."""
+    tried = [plan.max_loras] + [int(a) for a in amaxes if int(a) != plan.max_loras]
+    for a in tried:
+        cand = GpuPlan(plan.gpu_type, plan.profile, a, plan.max_lora_rank, plan.adapters,
+                       plan.offered_tps, plan.predicted)
+        ok, m = _twin_ok(inst, cand, duration_s, seed)
+        if ok:
+            from dataclasses import replace
+            return replace(cand, verified=GpuMetrics.from_run(m))
+    return None
+
+
+def repair(inst: Instance, placement: Placement, objective: str, duration_s: float,
+           max_rounds: int = 20) -> Placement:
+    """Make every GPU twin-accepted (see module docstring); returns the repaired placement."""
+    from .verify import verify
+    p = verify(placement, inst, duration_s=duration_s)
+    changes = list(p.repairs)
+    amaxes = amax_candidates(None)
+    rounds = 0
+    while p.verdict == "rejected" and rounds < max_rounds:
+        rounds += 1
+        kept: list[GpuPlan] = []
+        evicted: list[Adapter] = []
+        for g, plan in enumerate(p.gpus):
+            if plan.verified is not None and plan.verified.ok:
+                kept.append(plan)
+                continue
+            fixed = _best_twin_amax(inst, plan, duration_s, inst.seed + g, amaxes)
+            if fixed is not None:
+                changes.append(f"gpu {g}: Amax {plan.max_loras} -> {fixed.max_loras} "
+                               "(twin rejected the predicted Amax)")
+                kept.append(fixed)
+                continue
+            lo, hi = 0, len(plan.adapters)        # largest twin-accepted prefix
+            best: GpuPlan | None = None
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                sub = plan_gpu(plan.gpu_type, plan.profile, plan.max_loras,
+                               plan.adapters[:mid], inst.mean_tokens, plan.max_lora_rank)
+                cand = _best_twin_amax(inst, sub, duration_s, inst.seed + g, amaxes)
+                if cand is not None:
+                    lo, best = mid, cand
+                else:
+                    hi = mid
+            moved = plan.adapters[lo:] if best is not None else plan.adapters
+            if best is not None:
+                kept.append(best)
+            evicted.extend(a for a, _ in moved)
+            changes.append(f"gpu {g}: twin rejected it; moved {len(moved)} adapter(s) "
+                           f"({', '.join(a.id for a, _ in moved[:5])}"
+                           f"{', ...' if len(moved) > 5 else ''}) to new GPUs")
+        used = {}
+        for plan in kept:
+            used[plan.gpu_type] = used.get(plan.gpu_type, 0) + 1
+        pool = {t.name: max(t.count - used.get(t.name, 0), 0) for t in inst.gpu_types}
+        new, over, _ = greedy_plans(inst, evicted, objective, pool) if evicted else ([], False, [])
+        if new:
+            changes.append(f"opened {len(new)} GPU(s) for the moved adapters")
+        status = "over_pool" if (over or p.status == "over_pool") else "solved"
+        p = verify(p.with_(gpus=tuple(kept + new), status=status, repairs=tuple(changes)), inst,
+                   duration_s=duration_s)
+    return p.with_(repairs=tuple(changes), params={**p.params, "repair_rounds": rounds})
+
+
+# ----------------------------------------------------------------------------- method entry
+def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
+    """Registered method ``greedy`` (``opts.extra['repair']`` defaults to True)."""
+    t0 = time.perf_counter()
+    plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name)
+    wall = time.perf_counter() - t0
+    place = Placement(inst.name, "greedy", "over_pool" if over_pool else "solved",
+                      tuple(plans), wall_time_s=wall, notes=tuple(notes),
+                      params={"test_points": list(TEST_POINTS), "placement_wall_s": wall})
+    if opts.extra.get("repair", False):
+        place = repair(inst, place, obj.name, float(opts.extra.get("duration_s",
+                                                                   inst.duration_s)))
+    return place
+
+
+register_method("greedy", greedy, objectives=("gpus", "cost"), repairs=True,
+                description="Maxpack first-fit decreasing with fast-surrogate testing points; "
+                            "twin repair with --verify")
