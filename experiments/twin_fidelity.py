@@ -41,13 +41,15 @@ def _int_or_none(v) -> int | None:
     return None if pd.isna(v) else int(v)
 
 
-def replay_run(cfg: dict, seed: int = 0) -> dict:
-    """Simulate one real run from its configuration columns; returns the twin's metrics."""
+def replay_run(cfg: dict, seed: int = 0, io_correlation: float | None = None) -> dict:
+    """Simulate one real run from its configuration columns; returns the twin's metrics.
+    ``io_correlation`` overrides the ShareGPT model's prompt/answer length correlation."""
     profile = load_profile(cfg["model"])
     adapters = adapters_from_counts(parse_counts(cfg["adapter_rank_counts"], int),
                                     parse_counts(cfg["rate_counts"], float), seed=seed)
     lengths = sharegpt_lengths(mean_input=float(cfg["pool_mean_input_len"]),
-                               mean_output=float(cfg["pool_mean_output_len"]))
+                               mean_output=float(cfg["pool_mean_output_len"]),
+                               correlation=io_correlation)
     sc = ServerConfig(max_loras=int(cfg["max_loras"]),
                       max_lora_rank=_int_or_none(cfg["max_lora_rank"]),
                       max_num_seqs=_int_or_none(cfg.get("max_num_seqs")),
@@ -58,16 +60,22 @@ def replay_run(cfg: dict, seed: int = 0) -> dict:
     return m.to_dict()
 
 
-def run_validation(path: Path, workers: int, seed: int) -> pd.DataFrame:
+def run_validation(path: Path, workers: int, seed: int, io_correlation: float | None = None,
+                   row_filter=None, progress: bool = True) -> pd.DataFrame:
+    """Replay every ok run (``row_filter(df) -> mask`` selects a subset) and tabulate."""
     df = pd.read_csv(path)
     missing = [c for c in CONFIG_COLUMNS if c not in df.columns]
     if missing:
         raise SystemExit(f"error: {path}: missing configuration columns {missing}")
-    ok = df[df["status"] == "ok"].reset_index(drop=True)
+    ok = df[df["status"] == "ok"]
+    if row_filter is not None:
+        ok = ok[row_filter(ok)]
+    ok = ok.reset_index(drop=True)
     cfgs = ok[CONFIG_COLUMNS].to_dict("records")
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        results = list(tqdm(pool.map(replay_run, cfgs, [seed] * len(cfgs)), total=len(cfgs),
-                            desc="replaying runs"))
+        results = list(tqdm(pool.map(replay_run, cfgs, [seed] * len(cfgs),
+                                     [io_correlation] * len(cfgs)),
+                            total=len(cfgs), desc="replaying runs", disable=not progress))
     out = ok[["run_id" if "run_id" in ok else "max_loras", "max_loras", "served_adapters",
               "max_lora_rank", "rate_counts"]].copy()
     out["real_tps"] = ok["total_throughput_tps"]

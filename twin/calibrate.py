@@ -72,10 +72,20 @@ def _cal(data_dir: Path) -> Path:
     return c
 
 
+def lora_tiles(K, D, P):
+    """Expected LoRA kernel tiles of a step (see twin.step_time): D decode tokens spread evenly
+    over K adapters (ceil(D / K / 16) tiles each) plus P prefill tokens in 16-token tiles."""
+    K = np.asarray(K, dtype=float)
+    D = np.asarray(D, dtype=float)
+    P = np.asarray(P, dtype=float)
+    per = np.ceil(np.where(K > 0, D / np.maximum(K, 1e-9), 0.0) / 16.0)
+    return K * per + np.ceil(P / 16.0)
+
+
 def _row(src, S, P, D, C, K, A, R, W, y, ysched, weight=1.0) -> dict:
     return dict(source=src, n_seqs=S, n_prefill_tokens=P, n_decode_tokens=D, ctx_tokens=C,
-                n_distinct=K, max_loras=A, max_rank=R, n_waiting=W, y=y, ysched=ysched,
-                weight=weight)
+                n_distinct=K, max_loras=A, max_rank=R, n_waiting=W,
+                n_tiles=float(lora_tiles(K, D, P)), y=y, ysched=ysched, weight=weight)
 
 
 def step_rows(data_dir: Path, model: str) -> pd.DataFrame:
@@ -143,6 +153,8 @@ def scheduler_rows(data_dir: Path) -> pd.DataFrame:
         ctx_tokens=s.avg_batch_size * (SCHED_IN + SCHED_OUT / 2.0),
         n_distinct=s.mean_loras_by_batch, max_loras=s.gpu_loras.astype(float),
         max_rank=s["rank"].astype(float),
+        n_tiles=lora_tiles(s.mean_loras_by_batch, s.processed_tokens / steps,
+                           s.processed_tokens / SCHED_OUT * SCHED_IN / steps),
         n_waiting=s.avg_waiting_queue * (s.mean_loras_by_batch >= FULL_BATCH_FRAC * s.gpu_loras),
         y=(s.duration - s.max_lora_loading_time) / steps * 1000.0,
         ysched=s.scheduling_time_per_step_ms, weight=SCHED_SOURCE_WEIGHT))
@@ -350,12 +362,13 @@ def refine_with_simulated_runs(profile: GpuProfile, win_rows: pd.DataFrame, data
 def sanity_points(coef) -> list[dict]:
     """Model predictions at the brief's sanity targets (decode, ctx from output length 100)."""
     from .step_time import step_time_ms_py as f
+    def args(S, K, A, R):
+        return (S, 0, S, S * 55, K, A, R, 0, float(lora_tiles(K, S, 0)))
     pts = [
-        ("no LoRA decode 50 seqs, out 100", 13.4, (50, 0, 50, 50 * 55, 0, 0, 0, 0)),
-        ("no LoRA decode 760 seqs, out 100", 40.0, (760, 0, 760, 760 * 55, 0, 0, 0, 0)),
-        ("Amax 300 r8 decode 200 seqs, 1 adapter", 36.0, (200, 0, 200, 200 * 55, 1, 300, 8, 0)),
-        ("Amax 300 r8 decode 200 seqs, 128 adapters", 70.0,
-         (200, 0, 200, 200 * 55, 105, 300, 8, 0)),
+        ("no LoRA decode 50 seqs, out 100", 13.4, args(50, 0, 0, 0)),
+        ("no LoRA decode 760 seqs, out 100", 40.0, args(760, 0, 0, 0)),
+        ("Amax 300 r8 decode 200 seqs, 1 adapter", 36.0, args(200, 1, 300, 8)),
+        ("Amax 300 r8 decode 200 seqs, 128 adapters", 70.0, args(200, 105, 300, 8)),
     ]
     return [{"case": c, "target_ms": t, "pred_ms": round(f(coef, *a), 2)} for c, t, a in pts]
 
@@ -376,8 +389,10 @@ def validation_check(coef, validation_csv: Path, mean_in: float = 223.0,
     for r in v.itertuples():
         S = float(r.mean_running)
         K = min(float(r.max_loras), float(r.served_adapters), S)
-        preds.append(f(coef, S, S * mean_in / mean_out, S, S * (mean_in + mean_out / 2), K,
-                       float(r.max_loras), float(r.max_lora_rank), float(r.mean_waiting)))
+        P = S * mean_in / mean_out
+        preds.append(f(coef, S, P, S, S * (mean_in + mean_out / 2), K,
+                       float(r.max_loras), float(r.max_lora_rank), float(r.mean_waiting),
+                       float(lora_tiles(K, S, P))))
     v["pred_step_ms"] = preds
     return v[["max_loras", "served_adapters", "max_lora_rank", "rate_set", "mean_running",
               "mean_waiting", "preemptions_total", "mean_itl_ms", "pred_step_ms"]]

@@ -44,6 +44,8 @@ ST_REJECTED = 17        # arrivals refused because the client's waiting cap was 
 ST_DESIGN = 18          # ST_DESIGN .. ST_DESIGN + N_DESIGN - 1: summed step-time design rows
 N_STATS = ST_DESIGN + N_DESIGN
 
+LORA_TILE = 16           # tokens per LoRA kernel tile (Triton BLOCK_M) for the tile count
+
 ITL_HIST_BINS = 4000
 ITL_HIST_LO_MS = 0.1
 ITL_HIST_DECADES = 8.0   # bins cover 0.1 ms .. 1e7 ms, log-spaced
@@ -103,6 +105,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
     resident = np.full(max(max_loras, 1), -1, np.int64)
     n_resident = np.zeros(1, np.int64)
     in_batch = np.full(n_adapters, -1, np.int64)
+    tok_of = np.zeros(n_adapters, np.int64)      # tokens each batch adapter gets this step
     touch = np.int64(0)
 
     cap_seqs = min(max_num_seqs, n_req) + 1
@@ -193,6 +196,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 in_batch[a] = step_id
                 batch_adapters[n_distinct] = a
                 n_distinct += 1
+                tok_of[a] = 0
+            tok_of[a] += new
             budget -= new
             i += 1
         n_sched = i
@@ -242,6 +247,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                     in_batch[best_a] = step_id
                     batch_adapters[n_distinct] = best_a
                     n_distinct += 1
+                    tok_of[best_a] = 0
+                tok_of[best_a] += new
                 budget -= new
                 n_scanned += 1
             if lora and n_distinct >= max_loras and wait_before > 0:
@@ -263,6 +270,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 n_decode += 1
             else:
                 n_prefill += sched_new[k]
+        n_tiles = 0
+        for k in range(n_distinct):
+            n_tiles += (tok_of[batch_adapters[k]] + LORA_TILE - 1) // LORA_TILE
         load_total = 0.0
         if lora:
             load_total, loads, touch = activate_batch(
@@ -272,9 +282,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
             if n_distinct >= max_loras:
                 stats[ST_SCHED_STEPS_MAXED] += 1
         dt = (step_time_ms(step_coef, n_sched, n_prefill, n_decode, ctx, n_distinct,
-                           max_loras, max_rank, n_scanned) + load_total) / 1000.0
+                           max_loras, max_rank, n_scanned, n_tiles) + load_total) / 1000.0
         accumulate_design(stats[ST_DESIGN:ST_DESIGN + N_DESIGN], step_coef, n_sched, n_prefill,
-                          n_decode, ctx, n_distinct, max_loras, max_rank, n_scanned)
+                          n_decode, ctx, n_distinct, max_loras, max_rank, n_scanned, n_tiles)
         t_end = t + dt
         used = kv_blocks - free_blocks
         stats[ST_STEPS] += 1

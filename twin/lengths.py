@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, fields
-from functools import cached_property
+from dataclasses import dataclass, fields, replace
+from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
 __all__ = [
     "LengthModel",
@@ -192,6 +193,45 @@ def _hist_pmf(edges: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndar
     cdf = np.interp(np.concatenate((m - 0.5, [m[-1] + 0.5])), edges, cdf_knots)
     # mass below 0 (edges >= 0 enforced, so none) / above the last point (none): pmf sums to 1
     return m, np.diff(cdf)
+
+
+def _copula_cells(p_in: np.ndarray, p_out: np.ndarray, rho: float) -> np.ndarray:
+    """Bin-pair probabilities of a Gaussian copula with correlation ``rho`` (exact up to the
+    bivariate normal CDF's accuracy); rows sum to ``p_in``, columns to ``p_out``."""
+    from scipy.stats import multivariate_normal
+    a = np.clip(ndtri(np.clip(np.concatenate(([0.0], np.cumsum(p_in))), 0, 1)), -12, 12)
+    b = np.clip(ndtri(np.clip(np.concatenate(([0.0], np.cumsum(p_out))), 0, 1)), -12, 12)
+    A, B = np.meshgrid(a, b, indexing="ij")
+    F = multivariate_normal(mean=[0.0, 0.0], cov=[[1.0, rho], [rho, 1.0]]).cdf(
+        np.column_stack([A.ravel(), B.ravel()])).reshape(A.shape)
+    F[0, :] = 0.0
+    F[:, 0] = 0.0
+    P = np.maximum(F[1:, 1:] - F[:-1, 1:] - F[1:, :-1] + F[:-1, :-1], 0.0)
+    return P / P.sum()
+
+
+def _copula_means(in_edges: np.ndarray, out_edges: np.ndarray, cells: np.ndarray, min_len: int,
+                  max_input: int | None, max_total: int | None) -> tuple[float, float]:
+    """Exact means of the clipped pair when bins are drawn jointly (``cells``) and positions
+    within bins independently: sum over bin pairs of the independent-within-cell means."""
+    hi_in = max_input if max_input is not None else (
+        max_total - min_len if max_total is not None else None)
+    ins = [_input_pmf_clipped(*_hist_pmf(in_edges[i:i + 2], np.ones(1)), min_len, hi_in)
+           for i in range(len(in_edges) - 1)]
+    outs = [_input_pmf_clipped(*_hist_pmf(out_edges[j:j + 2], np.ones(1)), min_len, None)
+            for j in range(len(out_edges) - 1)]
+    mean_in = sum(cells[i].sum() * float(np.dot(si, pi)) for i, (si, pi) in enumerate(ins))
+    mean_out = 0.0
+    for i, (si, pi) in enumerate(ins):
+        for j, (so, po) in enumerate(outs):
+            if cells[i, j] <= 0.0:
+                continue
+            if max_total is None:
+                e = float(np.dot(so, po))
+            else:
+                e = float(np.dot(pi, _mean_min(so, po, max_total - si)))
+            mean_out += cells[i, j] * e
+    return float(mean_in), float(mean_out)
 
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -363,9 +403,11 @@ class ClippedNormalLengths(_Base):
 class EmpiricalLengths(_Base):
     """Empirical lengths: per-dimension histograms, or observed (input, output) pairs.
 
-    *Histogram mode* (``input_edges``/``input_probs``/``output_edges``/``output_probs``): input
-    and output are independent; a value is uniform within its bin, multiplied by the dimension's
-    ``*_scale``, rounded to the nearest int and clipped (see module doc).
+    *Histogram mode* (``input_edges``/``input_probs``/``output_edges``/``output_probs``): a value
+    is uniform within its bin, multiplied by the dimension's ``*_scale``, rounded to the nearest
+    int and clipped (see module doc). The two bins are drawn through a Gaussian copula with
+    ``correlation`` (0 = independent; negative = long prompts tend to get short answers); the
+    marginal histograms are unchanged by it.
 
     *Pairs mode* (``pair_inputs``/``pair_outputs``): a pair is drawn uniformly (jointly), each
     value multiplied by its scale, rounded and clipped.
@@ -382,6 +424,7 @@ class EmpiricalLengths(_Base):
     pair_outputs: tuple[int, ...] = ()
     input_scale: float = 1.0
     output_scale: float = 1.0
+    correlation: float = 0.0
     min_len: int = 1
     max_input: int | None = 1024
     max_total: int | None = 2048
@@ -411,6 +454,12 @@ class EmpiricalLengths(_Base):
                 raise ValueError(f"{o}: pair_inputs and pair_outputs must have equal length, got {len(ins)} and {len(outs)}")
             set_("pair_inputs", ins)
             set_("pair_outputs", outs)
+        rho = _check_float(o, "correlation", self.correlation)
+        if not -1.0 < rho < 1.0:
+            raise ValueError(f"{o}: correlation must be in (-1, 1), got {rho}")
+        if rho != 0.0 and has_pairs:
+            raise ValueError(f"{o}: correlation applies to histogram mode only (pairs are joint)")
+        set_("correlation", rho)
         set_("input_scale", _check_float(o, "input_scale", self.input_scale, positive=True))
         set_("output_scale", _check_float(o, "output_scale", self.output_scale, positive=True))
         mn, mi, mt = _check_limits(o, self.min_len, self.max_input, self.max_total)
@@ -494,9 +543,18 @@ class EmpiricalLengths(_Base):
             i, o = _clip_pair(np.rint(a["pin"] * s_in), np.rint(a["pout"] * s_out),
                               self.min_len, self.max_input, self.max_total)
             return float(i.mean()), float(o.mean())
+        if self.correlation != 0.0:
+            return _copula_means(a["ie"] * s_in, a["oe"] * s_out, self._cell_probs,
+                                 self.min_len, self.max_input, self.max_total)
         si, pi = _hist_pmf(a["ie"] * s_in, np.asarray(self.input_probs))
         so, po = _hist_pmf(a["oe"] * s_out, np.asarray(self.output_probs))
         return _exact_means(si, pi, so, po, self.min_len, self.max_input, self.max_total)
+
+    @cached_property
+    def _cell_probs(self) -> np.ndarray:
+        """P[input bin i, output bin j] under the Gaussian copula (independent of the scales)."""
+        return _copula_cells(np.asarray(self.input_probs), np.asarray(self.output_probs),
+                             self.correlation)
 
     @cached_property
     def _means(self) -> tuple[float, float]:
@@ -522,8 +580,14 @@ class EmpiricalLengths(_Base):
             raw_in, raw_out = a["pin"][idx] * self.input_scale, a["pout"][idx] * self.output_scale
         else:
             u = g.random((n, 4))  # row-major: request k's lengths do not depend on n
+            u_out_bin = u[:, 2]
+            if self.correlation != 0.0:
+                rho = self.correlation
+                z_in = ndtri(np.clip(u[:, 0], 1e-300, 1 - 1e-16))
+                z_out = ndtri(np.clip(u[:, 2], 1e-300, 1 - 1e-16))
+                u_out_bin = ndtr(rho * z_in + math.sqrt(1.0 - rho * rho) * z_out)
             raw_in = self._draw_hist(u[:, 0], u[:, 1], a["ie"], a["ic"]) * self.input_scale
-            raw_out = self._draw_hist(u[:, 2], u[:, 3], a["oe"], a["oc"]) * self.output_scale
+            raw_out = self._draw_hist(u_out_bin, u[:, 3], a["oe"], a["oc"]) * self.output_scale
         return _clip_pair(np.rint(raw_in), np.rint(raw_out), self.min_len, self.max_input, self.max_total)
 
     @staticmethod
@@ -645,13 +709,34 @@ def default_lengths() -> "EmpiricalLengths":
     return sharegpt_lengths(DEFAULT_MEAN_INPUT, DEFAULT_MEAN_OUTPUT)
 
 
-def sharegpt_lengths(mean_input: float | None = None, mean_output: float | None = None) -> EmpiricalLengths:
+# Rank correlation (Gaussian copula) between prompt and answer lengths of the ShareGPT-like
+# model. The shared data give only the two marginal histograms; the value is estimated by
+# ``python -m experiments.length_correlation`` on half of the Llama validation runs (the rank-16
+# groups) and checked on the other half (rank-32 groups), see that module. Long prompts getting
+# shorter answers lowers the KV tokens a running request holds, which matters under overload.
+SHAREGPT_IO_CORRELATION = -0.4
+
+
+def sharegpt_lengths(mean_input: float | None = None, mean_output: float | None = None,
+                     correlation: float | None = None) -> EmpiricalLengths:
     """The bundled ShareGPT-like model, rescaled so its exact means equal the targets if given.
 
+    ``correlation`` defaults to :data:`SHAREGPT_IO_CORRELATION`. Results are cached per
+    arguments (rescaling a correlated model takes about a second).
     Typical use for the Llama-3.1 validation runs: ``sharegpt_lengths(223.0, 196.3)``.
     """
+    rho = SHAREGPT_IO_CORRELATION if correlation is None else float(correlation)
+    return _sharegpt_cached(None if mean_input is None else float(mean_input),
+                            None if mean_output is None else float(mean_output), rho)
+
+
+@lru_cache(maxsize=256)
+def _sharegpt_cached(mean_input: float | None, mean_output: float | None,
+                     rho: float) -> EmpiricalLengths:
     model = length_model_from_dict(json.loads(_profile_text()))
     assert isinstance(model, EmpiricalLengths)
+    if rho != 0.0:
+        model = replace(model, correlation=rho)
     if mean_input is None and mean_output is None:
         return model
     return model.scaled_to(mean_input, mean_output)
@@ -666,8 +751,8 @@ _KINDS: dict[str, type] = {"fixed": FixedLengths, "clipped_normal": ClippedNorma
 def length_model_from_dict(d: dict) -> FixedLengths | ClippedNormalLengths | EmpiricalLengths:
     """Build a length model from its ``to_dict()`` form.
 
-    ``{"kind": "sharegpt", "mean_input": ..., "mean_output": ...}`` (means optional) gives the
-    bundled ShareGPT model, rescaled.
+    ``{"kind": "sharegpt", "mean_input": ..., "mean_output": ..., "correlation": ...}`` (all
+    optional) gives the bundled ShareGPT model, rescaled.
     """
     if not isinstance(d, dict):
         raise ValueError(f"length model: expected a dict, got {type(d).__name__}")
@@ -676,10 +761,11 @@ def length_model_from_dict(d: dict) -> FixedLengths | ClippedNormalLengths | Emp
         raise ValueError("length model: missing field 'kind'")
     params = {k: v for k, v in d.items() if k != "kind"}
     if kind == "sharegpt":
-        unknown = set(params) - {"mean_input", "mean_output"}
+        unknown = set(params) - {"mean_input", "mean_output", "correlation"}
         if unknown:
             raise ValueError(f"length model 'sharegpt': unknown field(s) {sorted(unknown)}")
-        return sharegpt_lengths(params.get("mean_input"), params.get("mean_output"))
+        return sharegpt_lengths(params.get("mean_input"), params.get("mean_output"),
+                                params.get("correlation"))
     cls = _KINDS.get(kind)
     if cls is None:
         raise ValueError(f"length model: unknown kind {kind!r} (expected one of {sorted([*_KINDS, 'sharegpt'])})")

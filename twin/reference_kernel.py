@@ -65,6 +65,10 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
                 n_decode += 1
             else:
                 n_prefill += new
+        tok_of: dict[int, int] = {}
+        for req, new in zip(plan.scheduled, plan.new_tokens):
+            tok_of[req.adapter] = tok_of.get(req.adapter, 0) + new
+        n_tiles = sum(-(-tok_of[a] // K.LORA_TILE) for a in plan.adapters)
         load_total = 0.0
         if max_loras > 0:
             load_total, loads = slots.activate(plan.adapters)
@@ -72,11 +76,11 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
             if len(plan.adapters) >= max_loras:
                 stats[K.ST_SCHED_STEPS_MAXED] += 1
         dt = (step_time_ms_py(step_coef, len(plan.scheduled), n_prefill, n_decode, ctx,
-                              len(plan.adapters), max_loras, max_rank, plan.scanned)
+                              len(plan.adapters), max_loras, max_rank, plan.scanned, n_tiles)
               + load_total) / 1000.0
         design = stats[K.ST_DESIGN:K.ST_DESIGN + N_DESIGN]
         accumulate_design_py(design, step_coef, len(plan.scheduled), n_prefill, n_decode, ctx,
-                             len(plan.adapters), max_loras, max_rank, plan.scanned)
+                             len(plan.adapters), max_loras, max_rank, plan.scanned, n_tiles)
         t_end = t + dt
         n_run = len(sched.running)
         stats[K.ST_STEPS] += 1

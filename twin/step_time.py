@@ -9,7 +9,7 @@ it is monotone non-decreasing in every argument and costs a few flops::
     m    = 1 + c[10] * max(0, max_rank - 8) / 8           (rank multiplier of the LoRA terms)
     T_ms = c[0] + c[1]*tok + c[2]*n_seqs + c[11]*max(0, n_seqs - c[12]) + c[3]*ctx_tokens/1000
          + lora * ( m * ( c[4] + c[5]*max_loras + c[6]*tok*max_loras/1000
-                          + c[7]*n_distinct + c[8]*n_distinct*tok/1000 )
+                          + c[7]*n_distinct + c[8]*n_tiles )
                     + c[9]*n_waiting/1000 )
 
 Physics: c1 = per-token MLP/projection cost, c2 = per-request cost (sampling, output
@@ -17,7 +17,10 @@ processing, scheduler loop over running requests), c11 = extra per-request cost 
 c12 requests (decode steps are memory-bound up to ~100 requests, then grow faster), c3 = attention over cached context;
 the LoRA terms model vLLM 0.8.5's Triton punica kernels, whose grid has one block row per
 *slot* (max_loras) and per token tile even for idle slots (c5, c6), plus per active adapter
-work (c7, c8); c9 = scheduler scan of the waiting queue when the batch already holds
+work (c7) and per *LoRA tile* (c8): the shrink/expand kernels give each adapter's tokens in the
+batch their own BLOCK_M = 16-token tiles, so n_tiles = sum over the batch's adapters of
+ceil(tokens_k / 16) — one tile per adapter for decode-only steps, many for a long prefill
+chunk; c9 = scheduler scan of the waiting queue when the batch already holds
 max_loras adapters (the V1 scheduler skips requests of other adapters and keeps scanning).
 Adapter CPU->GPU load time is not included (the kernel adds it).
 """
@@ -37,7 +40,7 @@ STEP_COEF_NAMES: tuple[str, ...] = (
     "per_slot_ms",           # c5 x max_loras
     "per_token_kslot_ms",    # c6 x tok * max_loras / 1000
     "per_adapter_ms",        # c7 x n_distinct
-    "per_adapter_ktoken_ms",  # c8 x n_distinct * tok / 1000
+    "per_lora_tile_ms",      # c8 x n_tiles (LoRA kernel tiles: sum_k ceil(tokens_k / 16))
     "per_kwaiting_ms",       # c9 x n_waiting / 1000: waiting requests scanned (LoRA only)
     "rank_scale",            # c10 relative LoRA-cost increase per 8 ranks above 8
     "per_seq_over_knee_ms",  # c11 x max(0, n_seqs - c12)
@@ -45,7 +48,7 @@ STEP_COEF_NAMES: tuple[str, ...] = (
 )
 FEATURE_NAMES: tuple[str, ...] = (
     "n_seqs", "n_prefill_tokens", "n_decode_tokens", "ctx_tokens", "n_distinct",
-    "max_loras", "max_rank", "n_waiting",
+    "max_loras", "max_rank", "n_waiting", "n_tiles",
 )
 # the 8 columns of the X matrix of StepTimeModel, in the argument order of step_time_ms
 X_COLUMNS: tuple[str, ...] = FEATURE_NAMES
@@ -55,7 +58,7 @@ LINEAR_IDX = tuple(range(10)) + (11,)
 
 @njit(cache=True)
 def step_time_ms(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_distinct,
-                 max_loras, max_rank, n_waiting):
+                 max_loras, max_rank, n_waiting, n_tiles):
     """Wall time (ms) of one engine step; see the module docstring for the formula."""
     tok = float(n_prefill_tokens + n_decode_tokens)
     t = (coef[0] + coef[1] * tok + coef[2] * float(n_seqs)
@@ -71,13 +74,13 @@ def step_time_ms(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_
             dr = 0.0
         m = 1.0 + coef[10] * dr * 0.125
         lo = (coef[4] + coef[5] * a + coef[6] * tok * a * 1e-3
-              + coef[7] * k + coef[8] * k * tok * 1e-3)
+              + coef[7] * k + coef[8] * float(n_tiles))
         t += m * lo + coef[9] * float(n_waiting) * 1e-3
     return t
 
 
 def step_time_ms_py(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_distinct,
-                    max_loras, max_rank, n_waiting) -> float:
+                    max_loras, max_rank, n_waiting, n_tiles) -> float:
     """Plain-Python twin of :func:`step_time_ms` (same formula, same result)."""
     tok = float(n_prefill_tokens + n_decode_tokens)
     t = (coef[0] + coef[1] * tok + coef[2] * float(n_seqs)
@@ -89,7 +92,7 @@ def step_time_ms_py(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
         dr = max(float(max_rank) - 8.0, 0.0)
         m = 1.0 + coef[10] * dr * 0.125
         lo = (coef[4] + coef[5] * a + coef[6] * tok * a * 1e-3
-              + coef[7] * k + coef[8] * k * tok * 1e-3)
+              + coef[7] * k + coef[8] * float(n_tiles))
         t += m * lo + coef[9] * float(n_waiting) * 1e-3
     return float(t)
 
@@ -98,10 +101,11 @@ def describe_step_model(coef=None) -> str:
     """Human-readable formula (with values when ``coef`` is given)."""
     txt = (
         "T_ms = c0 + c1*tok + c2*n_seqs + c11*max(0, n_seqs - c12) + c3*ctx/1000\n"
-        "     + [max_loras>0] * ( m*(c4 + c5*A + c6*tok*A/1000 + c7*K + c8*K*tok/1000)"
+        "     + [max_loras>0] * ( m*(c4 + c5*A + c6*tok*A/1000 + c7*K + c8*tiles)"
         " + c9*W/1000 )\n"
         "  tok = n_prefill_tokens + n_decode_tokens, A = max_loras, K = n_distinct,\n"
-        "  W = n_waiting, m = 1 + c10*max(0, max_rank-8)/8; all c >= 0 (monotone)."
+        "  W = n_waiting, tiles = sum_k ceil(tokens_k/16) over the batch's adapters,\n"
+        "  m = 1 + c10*max(0, max_rank-8)/8; all c >= 0 (monotone)."
     )
     if coef is not None:
         txt += "\n" + "\n".join(f"  c{i:<2d} {n:24s} = {float(v):.6g}"
@@ -119,13 +123,13 @@ def design_matrix(X, rank_scale: float = 0.0, seq_knee: float = 128.0) -> np.nda
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES):
         raise ValueError(f"X must have shape (n, {len(FEATURE_NAMES)}) with columns {FEATURE_NAMES}")
-    s, p, d, c, k, a, r, w = (X[:, i] for i in range(8))
+    s, p, d, c, k, a, r, w, tl = (X[:, i] for i in range(9))
     tok = p + d
     lora = (a > 0).astype(np.float64)
     m = lora * (1.0 + rank_scale * np.maximum(r - 8.0, 0.0) / 8.0)
     return np.column_stack([
         np.ones_like(s), tok, s, c * 1e-3,
-        m, m * a, m * tok * a * 1e-3, m * k, m * k * tok * 1e-3,
+        m, m * a, m * tok * a * 1e-3, m * k, m * tl,
         lora * w * 1e-3,
         np.maximum(s - seq_knee, 0.0),
     ])
@@ -225,7 +229,7 @@ N_DESIGN = 11   # columns of design_matrix: coefficients c0..c9 and c11
 
 @njit(cache=True)
 def accumulate_design(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
-                      n_distinct, max_loras, max_rank, n_waiting):
+                      n_distinct, max_loras, max_rank, n_waiting, n_tiles):
     """Add one step's design-matrix row (the columns of :func:`design_matrix`, with c10 and c12
     taken from ``coef``) to ``out``. Summed over a run and divided by the step count this is the
     run's mean feature row: the step time is linear in it, which lets calibration fit the
@@ -250,13 +254,13 @@ def accumulate_design(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_
     out[5] += m * a
     out[6] += m * tok * a * 1e-3
     out[7] += m * k
-    out[8] += m * k * tok * 1e-3
+    out[8] += m * float(n_tiles)
     out[9] += lora * float(n_waiting) * 1e-3
     out[10] += over
 
 
 def accumulate_design_py(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
-                         n_distinct, max_loras, max_rank, n_waiting) -> None:
+                         n_distinct, max_loras, max_rank, n_waiting, n_tiles) -> None:
     """Plain-Python twin of :func:`accumulate_design` (same operations, same result)."""
     tok = float(n_prefill_tokens + n_decode_tokens)
     s = float(n_seqs)
@@ -267,6 +271,6 @@ def accumulate_design_py(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, c
     k = float(n_distinct)
     over = max(s - coef[12], 0.0)
     vals = (1.0, tok, s, float(ctx_tokens) * 1e-3, m, m * a, m * tok * a * 1e-3, m * k,
-            m * k * tok * 1e-3, lora * float(n_waiting) * 1e-3, over)
+            m * float(n_tiles), lora * float(n_waiting) * 1e-3, over)
     for i, v in enumerate(vals):
         out[i] += v
