@@ -277,3 +277,34 @@ def test_rng_argument():
     with pytest.raises(ValueError, match="n must be >= 0"):
         m.sample(-1, 0)
     assert len(m.sample(0, 0)[0]) == 0
+
+
+# --------------------------------------------------------------------------- copula correlation
+
+
+def test_copula_keeps_marginals_and_exact_means():
+    from dataclasses import replace
+    base = sharegpt_lengths(223.0, 196.3, correlation=0.0)
+    corr = sharegpt_lengths(223.0, 196.3, correlation=-0.4)
+    assert corr.correlation == -0.4 and base.correlation == 0.0
+    assert corr.mean_input == pytest.approx(223.0, abs=1e-6)
+    assert corr.mean_output == pytest.approx(196.3, abs=1e-6)
+    i, o = corr.sample(400_000, 5)
+    i0, o0 = base.sample(400_000, 5)
+    assert np.corrcoef(i, o)[0, 1] < -0.15 < np.corrcoef(i0, o0)[0, 1] + 0.15
+    assert i.mean() == pytest.approx(223.0, rel=0.01) and o.mean() == pytest.approx(196.3, rel=0.01)
+    # the input marginal does not depend on the correlation (same uniforms, same bins)
+    np.testing.assert_array_equal(np.sort(i), np.sort(i0))
+    with pytest.raises(ValueError, match="correlation"):
+        replace(base, correlation=1.0)
+
+
+def test_copula_cells_have_the_marginals():
+    from twin.lengths import _copula_cells
+    rng = np.random.default_rng(0)
+    pi, po = rng.random(12), rng.random(9)
+    pi, po = pi / pi.sum(), po / po.sum()
+    P = _copula_cells(pi, po, 0.6)
+    np.testing.assert_allclose(P.sum(axis=1), pi, atol=1e-12)
+    np.testing.assert_allclose(P.sum(axis=0), po, atol=1e-12)
+    np.testing.assert_allclose(_copula_cells(pi, po, 1e-12), np.outer(pi, po), atol=1e-9)
