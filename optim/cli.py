@@ -1,7 +1,7 @@
 """Command line: ``python -m optim solve|generate|methods``.
 
 ``solve <instance.json> --method NAME [--verify/--no-verify] [--json OUT] [--vllm-args OUT]
-[--objective gpus|cost|latency] [--gpus K] [--seed S] [--duration S] [--workers W]`` prints the
+[--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]`` prints the
 per-GPU table and a summary; ``generate --set paper|small|large --out DIR --seed S [--force]``
 writes an instance set; ``methods`` lists the registered methods.
 """
@@ -38,7 +38,10 @@ def cmd_solve(a: argparse.Namespace) -> int:
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
-    opts = MethodOptions(n_gpus=a.gpus, seed=a.seed)
+    if a.time_limit is not None and a.time_limit <= 0:
+        print("error: --time-limit must be > 0", file=sys.stderr)
+        return 2
+    opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit)
     try:
         p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
                   duration_s=a.duration, workers=a.workers)
@@ -87,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
     s.add_argument("--objective", choices=("gpus", "cost", "latency"), default=None,
                    help="default: the instance's objective")
+    s.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="time limit of searching methods (milp, cpsat, auto) in seconds "
+                        "(default: the instance's solver.time_limit_s, else 60)")
     s.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="replay the placement in the fleet twin (default: on)")
     s.add_argument("--gpus", type=int, default=None,

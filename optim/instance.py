@@ -11,7 +11,11 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
       "adapters": [{"id": "a0", "rank": 8, "rate": 0.3}, ...]
                   | "adapters.csv",              # CSV (id,rank,rate) relative to this file
       "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct",
-                "count": 8, "price_per_hour": 2.5}, ...],   # >= 1 type, unique names
+                "count": 8, "price_per_hour": 2.5,
+                "capacity_tps": 15000, "capacity_amax": 32}, ...],
+                                                 # >= 1 type, unique names; capacity_* optional:
+                                                 # constant capacity (sustained offered tok/s
+                                                 # at a fixed Amax), both or neither
       "lengths": {"mean_input": 223.0, "mean_output": 196.3}   # ShareGPT-like, rescaled
                  | {"kind": "fixed" | "clipped_normal" | "empirical" | "sharegpt", ...},
                                                  # optional; default: twin default_lengths()
@@ -51,7 +55,7 @@ DEFAULT_DURATION_S = 3600.0
 
 _TOP_KEYS = {"schema_version", "name", "description", "adapters", "gpus", "lengths",
              "starvation_threshold", "objective", "solver", "duration_s", "seed"}
-_GPU_KEYS = {"name", "profile", "count", "price_per_hour"}
+_GPU_KEYS = {"name", "profile", "count", "price_per_hour", "capacity_tps", "capacity_amax"}
 _SOLVER_KEYS = {"time_limit_s", "mip_gap", "threads", "max_repair_iterations"}
 _OBJECTIVE_KEYS = {"kind", "gpu_budget"}
 
@@ -75,6 +79,14 @@ class GpuType:
     profile: str
     count: int
     price_per_hour: float
+    capacity_tps: float | None = None
+    capacity_amax: int | None = None
+
+    @property
+    def constant_capacity(self) -> bool:
+        """True when the instance gives this type a constant capacity (``capacity_tps`` offered
+        tok/s sustained at Amax ``capacity_amax``): placement is then classical bin packing."""
+        return self.capacity_tps is not None
 
     def load_profile(self) -> GpuProfile:
         return load_profile(self.profile)
@@ -149,7 +161,9 @@ class Instance:
         d["adapters"] = adapters_csv if adapters_csv is not None else [
             {"id": a.id, "rank": a.rank, "rate": a.rate} for a in self.adapters]
         d["gpus"] = [{"name": t.name, "profile": t.profile, "count": t.count,
-                      "price_per_hour": t.price_per_hour} for t in self.gpu_types]
+                      "price_per_hour": t.price_per_hour,
+                      **({"capacity_tps": t.capacity_tps, "capacity_amax": t.capacity_amax}
+                         if t.constant_capacity else {})} for t in self.gpu_types]
         d["lengths"] = dict(self.lengths_spec) if self.lengths_spec is not None \
             else self.lengths.to_dict()
         d["starvation_threshold"] = self.starvation_threshold
@@ -272,8 +286,20 @@ def _gpu_types(src: str, v: Any) -> tuple[GpuType, ...]:
                                                         f"({e})") from None
         count = _int(src, f"{path}.count", g["count"], 1)
         price = _num(src, f"{path}.price_per_hour", g.get("price_per_hour", 1.0), lo=0.0)
+        cap_tps = cap_amax = None
+        if ("capacity_tps" in g) != ("capacity_amax" in g):
+            missing = "capacity_amax" if "capacity_tps" in g else "capacity_tps"
+            raise InstanceError(src, f"{path}.{missing}", "missing (a constant capacity needs "
+                                "both capacity_tps and capacity_amax)")
+        if "capacity_tps" in g:
+            cap_tps = _num(src, f"{path}.capacity_tps", g["capacity_tps"], lo=0.0, lo_open=True)
+            cap_amax = _int(src, f"{path}.capacity_amax", g["capacity_amax"], 1)
+            if not any(prof.kv_tokens(cap_amax, r) for r in prof.supported_ranks):
+                raise InstanceError(src, f"{path}.capacity_amax",
+                                    f"no configuration with Amax {cap_amax} starts on profile "
+                                    f"'{prof_name}' (no KV-capacity entry at any rank)")
         models[name] = prof.model
-        out.append(GpuType(name, prof_name, count, price))
+        out.append(GpuType(name, prof_name, count, price, cap_tps, cap_amax))
     if len(set(models.values())) > 1:
         raise InstanceError(src, "gpus", "all GPU types must serve the same base model, got "
                             + ", ".join(f"{k}: {m}" for k, m in models.items()))

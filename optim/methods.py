@@ -14,7 +14,7 @@ the same way::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .feasibility import precheck
@@ -83,6 +83,8 @@ def method_names() -> list[str]:
 
 def _load_builtin() -> None:
     from . import baselines  # noqa: F401  (registers the baselines)
+    from .exact.register import register as _register_exact
+    _register_exact()        # milp, cpsat, auto
     from . import greedy  # noqa: F401  (registers greedy)
 
 
@@ -94,6 +96,9 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     obj = objective if objective is not None and not isinstance(objective, str) \
         else make_objective(inst, objective)
     options = options or MethodOptions()
+    # methods that verify inside their search (exact, twin in the loop) read these
+    options = replace(options, extra={"verify": verify, "duration_s": duration_s,
+                                      "workers": workers, **options.extra})
     report = precheck(inst, allow_split=info.splits)
     if not report.feasible:
         return Placement(inst.name, method, "infeasible", objective=obj.name,

@@ -1,0 +1,198 @@
+"""Optimality-gap study: heuristics vs. exact optima on ``instances/small`` (bounds on medium ones).
+
+``python -m experiments.optimality_gap [--quick] [--json OUT] [--time-limit S] [--duration S]``
+
+For every small instance (objective ``gpus``: the study measures GPU counts; cost and latency
+instances are solved for GPUs too): the solver-independent lower bounds (L1, Martello–Toth L2,
+LP relaxation), MILP and CP-SAT with the twin in the loop, greedy (when registered) and each
+sizing baseline (maxbase, maxbase-half), every final placement verified in the fleet twin.
+Gap of a method = GPUs(method) - proven optimum (or - best lower bound when none is proven);
+a method whose placement the twin rejects is reported with its verdict. Medium instances
+(``instances/paper`` with 96-160 adapters) get bounds and a time-limited CP-SAT bound only.
+
+Writes ``<out-dir>/optimality_gap.{csv,md,png}`` (and ``--json``); the last line is
+``instances=<n> proven_optimal=<k> greedy_mean_gap=<g> greedy_optimal_share=<p>``.
+``--quick``: 12 small instances, a 20 s limit per solve, a 120 s twin window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_DIR = REPO / "instances" / "small"
+MEDIUM = ("paper-llama-rmixed-qhigh-n96", "paper-qwen-rmixed-qhigh-n128",
+          "paper-llama-rhigh-qhigh-n160")
+HEURISTICS = ("greedy", "maxbase", "maxbase-half")
+
+
+def _row_method(p, name: str) -> dict:
+    return {f"{name}_gpus": p.n_gpus if p.gpus else None, f"{name}_status": p.status,
+            f"{name}_verdict": p.verdict, f"{name}_time_s": round(p.wall_time_s, 3)}
+
+
+def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out: str | None,
+        workers: int | None) -> int:
+    from tqdm import tqdm
+
+    from optim.exact.bounds import lower_bounds
+    from optim.exact.capacity import build_problem
+    from optim.exact.cpsat import solve_cpsat
+    from optim.instance import load_instance
+    from optim.methods import MethodOptions, method_names, solve
+
+    files = sorted(SMALL_DIR.glob("*.json"))
+    if quick:
+        files = files[::3]
+    heur = [h for h in HEURISTICS if h in method_names()]
+    rows = []
+    for f in tqdm(files, desc="small instances", file=sys.stderr):
+        inst = load_instance(f)
+        row = {"instance": inst.name, "adapters": len(inst.adapters),
+               "pool": inst.total_gpus_available, "kind": "small"}
+        P = build_problem(inst, "gpus")
+        b = lower_bounds(P, lp=True, time_limit_s=min(10.0, time_limit))
+        row.update({"lb_l1": b.l1, "lb_l2": b.l2, "lb_lp": None if b.lp is None else round(b.lp, 3),
+                    "lower_bound": int(b.best)})
+        opts = MethodOptions(time_limit_s=time_limit)
+        for m in ("milp", "cpsat"):
+            p = solve(inst, m, objective="gpus", options=opts, verify=True,
+                      duration_s=duration, workers=workers)
+            row.update(_row_method(p, m))
+            row[f"{m}_solver_status"] = p.params.get("status")
+            row[f"{m}_bound"] = p.params.get("best_bound")
+            row[f"{m}_iterations"] = p.params.get("n_iterations")
+            row[f"{m}_cuts"] = p.params.get("n_cuts")
+            row[f"{m}_solve_time_s"] = round(p.params.get("solve_time_s") or 0.0, 3)
+        for h in heur:
+            try:
+                p = solve(inst, h, objective="gpus", options=MethodOptions(), verify=True,
+                          duration_s=duration, workers=workers)
+            except ValueError as e:        # e.g. greedy without a trained surrogate
+                row.update({f"{h}_gpus": None, f"{h}_status": "error", f"{h}_verdict": None,
+                            f"{h}_error": str(e)[:200]})
+                continue
+            row.update(_row_method(p, h))
+        proven = [row[f"{m}_gpus"] for m in ("milp", "cpsat")
+                  if row[f"{m}_status"] == "optimal" and row[f"{m}_verdict"] == "accepted"]
+        row["proven_optimum"] = min(proven) if proven else None
+        row["exact_agree"] = len(set(proven)) <= 1
+        ref = row["proven_optimum"] if proven else row["lower_bound"]
+        for m in ("milp", "cpsat", *heur):
+            g = row.get(f"{m}_gpus")
+            row[f"{m}_gap"] = None if g is None or ref is None else g - ref
+        rows.append(row)
+    for name in MEDIUM[:1 if quick else len(MEDIUM)]:
+        f = REPO / "instances" / "paper" / f"{name}.json"
+        if not f.is_file():
+            continue
+        inst = load_instance(f)
+        P = build_problem(inst, "gpus")
+        b = lower_bounds(P, lp=True, time_limit_s=min(10.0, time_limit))
+        r = solve_cpsat(P, time_limit_s=time_limit)
+        rows.append({"instance": inst.name, "adapters": len(inst.adapters), "kind": "medium",
+                     "lb_l1": b.l1, "lb_l2": b.l2,
+                     "lb_lp": None if b.lp is None else round(b.lp, 3),
+                     "lower_bound": int(max(b.best, r.bound or 0)),
+                     "cpsat_gpus": len(r.gpus) if r.gpus else None,
+                     "cpsat_solver_status": r.status, "cpsat_solve_time_s": round(r.solve_time_s, 3),
+                     "cpsat_verdict": None})
+    return finish(rows, heur, out_dir, json_out, quick, time_limit, duration)
+
+
+def finish(rows, heur, out_dir: Path, json_out, quick, time_limit, duration) -> int:
+    import pandas as pd
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows)
+    df.to_csv(out_dir / "optimality_gap.csv", index=False)
+    cols = ["instance", "adapters", "lower_bound", "proven_optimum"]
+    for m in ("milp", "cpsat", *heur):
+        cols += [c for c in (f"{m}_gpus", f"{m}_gap", f"{m}_solve_time_s" if m in ("milp", "cpsat")
+                             else f"{m}_time_s", f"{m}_verdict") if c in df.columns]
+    md = _markdown(df[[c for c in cols if c in df.columns]])
+    (out_dir / "optimality_gap.md").write_text(
+        f"# Optimality gap (quick={quick}, time limit {time_limit:g} s, twin window "
+        f"{duration:g} s)\n\n{md}\n")
+    small = df[df["kind"] == "small"]
+    n = len(small)
+    k = int(small["proven_optimum"].notna().sum()) if n else 0
+    if "greedy_gap" in small:
+        gg = small["greedy_gap"].dropna()
+        gmean = float(gg.mean()) if len(gg) else float("nan")
+        gshare = float((gg == 0).mean()) if len(gg) else float("nan")
+    else:
+        gmean = gshare = float("nan")
+    _plot(small, heur, out_dir / "optimality_gap.png")
+    if json_out:
+        Path(json_out).write_text(df.to_json(orient="records", indent=1))
+    print(f"wrote {out_dir / 'optimality_gap.csv'}, .md, .png")
+    print(f"instances={n} proven_optimal={k} greedy_mean_gap={gmean:.3f} "
+          f"greedy_optimal_share={gshare:.3f}")
+    return 0
+
+
+def _markdown(df) -> str:
+    """A GitHub Markdown table (no tabulate dependency)."""
+    def cell(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _plot(df, heur, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(df) + 2), 4))
+    x = range(len(df))
+    ax.plot(x, df["lower_bound"], "k_", ms=14, mew=2, label="lower bound")
+    if "proven_optimum" in df:
+        ax.plot(x, df["proven_optimum"], "o", mfc="none", mec="k", ms=10, label="proven optimum")
+    marks = {"milp": "s", "cpsat": "D", "greedy": "^", "maxbase": "x", "maxbase-half": "+"}
+    for i, m in enumerate(("milp", "cpsat", *heur)):
+        if f"{m}_gpus" in df:
+            ax.plot([v + 0.08 * (i - 2) for v in x], df[f"{m}_gpus"], marks.get(m, "."),
+                    label=m, alpha=0.8)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(df["instance"].str.replace("small-", "").str.slice(0, 14), rotation=70,
+                       fontsize=7)
+    ax.set_ylabel("GPUs")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.optimality_gap",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="12 instances, 20 s limit, 120 s twin")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--time-limit", type=float, default=None, help="per solve (default 60, quick 20)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="twin window in s (default: 600, quick 120)")
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--out-dir", default=str(REPO / "results" / "optimality_gap"))
+    a = ap.parse_args(argv)
+    tl = a.time_limit or (20.0 if a.quick else 60.0)
+    dur = a.duration or (120.0 if a.quick else 600.0)
+    if tl <= 0 or dur <= 0:
+        print("error: --time-limit and --duration must be > 0", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    rc = run(a.quick, tl, dur, Path(a.out_dir), a.json, a.workers)
+    print(f"wall={time.time() - t0:.1f}s", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

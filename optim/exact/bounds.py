@@ -1,0 +1,116 @@
+"""Lower bounds on the optimum that hold independently of the solvers (gpus objective; the cost
+objective is bounded by the cheapest price times the GPU bound, and by the LP relaxation).
+
+With ``C`` the largest load any configuration of any type admits (``cap``), and ``w_i`` the
+adapters' integer loads, every feasible placement is a feasible classical bin packing with
+capacity ``C`` (the real constraints are tighter), so bin-packing bounds apply:
+
+* **L1 (capacity bound)** ``ceil(sum_i w_i / C)``; together with the adapter-count bound
+  ``ceil(sum_i phi_i / X)`` (``X`` the largest feature value any configuration admits, the most
+  adapters per GPU for the default feature ``n``).
+* **L2 (Martello & Toth 1990, Knapsack Problems, Thm. 8.3)**: for an integer ``a`` in
+  ``[0, C/2]``, ``J1 = {w_i > C - a}``, ``J2 = {C - a >= w_i > C/2}``, ``J3 = {C/2 >= w_i >= a}``;
+  ``L(a) = |J1| + |J2| + max(0, ceil((sum_{J3} w - (|J2| C - sum_{J2} w)) / C))``;
+  ``L2 = max_a L(a)`` over ``a`` in {0} and the distinct loads <= C/2. ``L2 >= L1``.
+* **LP relaxation** of the MILP (``milp.build_model(relax=True)``), rounded up for gpus.
+
+An adapter that no configuration of any type admits alone makes the problem infeasible
+(``infeasible_adapters``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .common import effective
+from .problem import PackingProblem
+
+
+@dataclass(frozen=True)
+class Bounds:
+    l1: int
+    count: int
+    l2: int
+    lp: float | None
+    best: float
+    objective: str = "gpus"
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def max_capacity(P: PackingProblem) -> int:
+    caps = [c.cap for t in P.types for c in t.configs]
+    return max(caps) if caps else 0
+
+
+def infeasible_adapters(P: PackingProblem) -> list[int]:
+    """Adapters that no configuration of any type admits on their own."""
+    E = effective(P)
+    return [i for i in range(P.n) if not any(E.allowed[t][i] for t in range(len(P.types)))]
+
+
+def capacity_bound(P: PackingProblem) -> int:
+    """L1 = ceil(sum w / C)."""
+    C = max_capacity(P)
+    if C <= 0:
+        return P.n
+    return max(1, math.ceil(P.total_load / C))
+
+
+def count_bound(P: PackingProblem) -> int:
+    """ceil(sum phi / X): X the largest feature value a configuration admits."""
+    X = max((c.x_hi for t in P.types for c in t.configs), default=0)
+    if X <= 0:
+        return P.n
+    return max(1, math.ceil(sum(P.xs) / X))
+
+
+def martello_toth_l2(weights, C: int) -> int:
+    """The Martello–Toth L2 bound for bin packing with integer ``weights`` and capacity ``C``."""
+    w = sorted((int(v) for v in weights), reverse=True)
+    if not w:
+        return 0
+    if C <= 0:
+        return len(w)
+    if any(v > C for v in w):
+        return len(w)          # infeasible as bin packing; every item alone at least
+    half = C / 2
+    cands = {0} | {v for v in w if v <= half}
+    best = 0
+    for a in cands:
+        j1 = [v for v in w if v > C - a]
+        j2 = [v for v in w if C - a >= v > half]
+        j3 = [v for v in w if half >= v >= a]
+        free = len(j2) * C - sum(j2)
+        extra = max(0, math.ceil((sum(j3) - free) / C))
+        best = max(best, len(j1) + len(j2) + extra)
+    return max(best, math.ceil(sum(w) / C))
+
+
+def lp_bound(P: PackingProblem, time_limit_s: float = 30.0, threads: int | None = None
+             ) -> float | None:
+    """LP relaxation value of the MILP (no symmetry rows, no cuts beyond the problem's)."""
+    from .milp import solve_milp
+    r = solve_milp(P, time_limit_s=time_limit_s, threads=threads, relax=True, symmetry=False)
+    return r.objective if r.status == "optimal" else None
+
+
+def lower_bounds(P: PackingProblem, lp: bool = True, time_limit_s: float = 30.0,
+                 threads: int | None = None) -> Bounds:
+    """Every bound for the problem's objective (gpus: GPUs; cost: $/h; latency: not bounded
+    here — the GPU bounds are still reported and ``best`` is the LP value or 0)."""
+    l1 = capacity_bound(P)
+    cb = count_bound(P)
+    l2 = martello_toth_l2(P.loads, max_capacity(P))
+    lpv = lp_bound(P, time_limit_s, threads) if lp else None
+    gb = max(l1, cb, l2)
+    if P.objective == "gpus":
+        best = float(max(gb, math.ceil(lpv - 1e-6) if lpv is not None else 0))
+    elif P.objective == "cost":
+        cheapest = min(t.price for t in P.types)
+        best = max(cheapest * gb, lpv if lpv is not None else 0.0)
+    else:
+        best = lpv if lpv is not None else 0.0
+    return Bounds(l1, cb, l2, lpv, best, P.objective)

@@ -1,0 +1,220 @@
+"""CP-SAT model of the placement problem (OR-Tools), over the same decisions and families as
+``milp`` (see there for the math; each ``add_*`` here states the same constraint).
+
+Differences in form only: Booleans instead of binaries, the same integer data, and for the
+latency objective integer ``w[g,p]`` (load units) with an objective scaled to integers
+(ITL table in units of 1e-3 ms).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ortools.sat.python import cp_model
+
+from .common import (Effective, SolveResult, assign_slots, default_threads, effective,
+                     warm_start_solution)
+from .problem import PackingProblem
+
+ITL_SCALE = 1000
+
+
+@dataclass
+class Vars:
+    x: dict
+    y: dict
+    z: dict
+    w: dict
+
+
+def add_variables(m: cp_model.CpModel, P: PackingProblem, E: Effective) -> Vars:
+    """x[i,g], y[g], z[g,p] Booleans (x absent when adapter i fits no configuration of t(g));
+    w[g,p] in [0, cap_p] for the latency objective."""
+    x, y, z, w = {}, {}, {}, {}
+    for g, t in enumerate(E.slots):
+        y[g] = m.NewBoolVar(f"y{g}")
+        for p, c in enumerate(E.configs[t]):
+            z[g, p] = m.NewBoolVar(f"z{g}_{p}")
+            if P.objective == "latency":
+                w[g, p] = m.NewIntVar(0, c.cap, f"w{g}_{p}")
+        for i in range(P.n):
+            if E.allowed[t][i]:
+                x[i, g] = m.NewBoolVar(f"x{i}_{g}")
+    return Vars(x, y, z, w)
+
+
+def add_assignment(m, P, E, v: Vars) -> None:
+    """sum_g x[i,g] = 1 for all i."""
+    for i in range(P.n):
+        m.AddExactlyOne([v.x[i, g] for g in range(len(E.slots)) if (i, g) in v.x])
+
+
+def add_linking(m, P, E, v: Vars) -> None:
+    """x[i,g] <= y[g]."""
+    for (i, g), xv in v.x.items():
+        m.AddImplication(xv, v.y[g])
+
+
+def add_configuration_choice(m, P, E, v: Vars) -> None:
+    """sum_p z[g,p] = y[g]."""
+    for g, t in enumerate(E.slots):
+        m.Add(sum(v.z[g, p] for p in range(len(E.configs[t]))) == v.y[g])
+
+
+def add_rank(m, P, E, v: Vars) -> None:
+    """x[i,g] <= sum_{p: r_p >= r_i} z[g,p]  (memory table: only starting configurations exist)."""
+    for (i, g), xv in v.x.items():
+        t = E.slots[g]
+        ok = [p for p, c in enumerate(E.configs[t]) if c.rank >= P.ranks[i]]
+        if len(ok) < len(E.configs[t]):
+            m.AddBoolOr([v.z[g, p] for p in ok]).OnlyEnforceIf(xv)
+
+
+def _sum_x(P, v, g, coef):
+    return sum(coef[i] * v.x[i, g] for i in range(P.n) if (i, g) in v.x)
+
+
+def add_feature_interval(m, P, E, v: Vars) -> None:
+    """sum_p xlo_p z[g,p] <= sum_i phi_i x[i,g] <= sum_p xhi_p z[g,p]."""
+    for g, t in enumerate(E.slots):
+        xs = _sum_x(P, v, g, P.xs)
+        m.Add(sum(c.x_lo * v.z[g, p] for p, c in enumerate(E.configs[t])) <= xs)
+        m.Add(xs <= sum(c.x_hi * v.z[g, p] for p, c in enumerate(E.configs[t])))
+
+
+def add_capacity(m, P, E, v: Vars) -> None:
+    """sum_p llo_p z[g,p] <= sum_i w_i x[i,g] <= sum_p cap_p z[g,p]."""
+    for g, t in enumerate(E.slots):
+        load = _sum_x(P, v, g, P.loads)
+        m.Add(load <= sum(c.cap * v.z[g, p] for p, c in enumerate(E.configs[t])))
+        if any(c.load_lo for c in E.configs[t]):
+            m.Add(sum(c.load_lo * v.z[g, p] for p, c in enumerate(E.configs[t])) <= load)
+
+
+def add_symmetry_breaking(m, P, E, v: Vars) -> None:
+    """y[g] >= y[g+1] within a type; identical adapters i < j: slot(i) <= slot(j)."""
+    for g in range(len(E.slots) - 1):
+        if E.slots[g] == E.slots[g + 1]:
+            m.AddImplication(v.y[g + 1], v.y[g])
+    G = range(len(E.slots))
+    for grp in P.identical_groups():
+        for a, b in zip(grp[:-1], grp[1:]):
+            m.Add(sum(g * v.x[a, g] for g in G if (a, g) in v.x)
+                  <= sum(g * v.x[b, g] for g in G if (b, g) in v.x))
+
+
+def add_cuts(m, P, E, v: Vars) -> None:
+    """sum_{i in S} x[i,g] [- sum_{i not in S} x[i,g]] + sum_{p:(r,A)} z[g,p] <= |S| per slot g
+    of the cut's type."""
+    for cut in P.cuts:
+        for g, t in enumerate(E.slots):
+            if t != cut.type_index:
+                continue
+            ps = [p for p, c in enumerate(E.configs[t]) if c.rank == cut.rank and c.amax == cut.amax]
+            if not ps or any((i, g) not in v.x for i in cut.adapters):
+                continue
+            expr = sum(v.x[i, g] for i in cut.adapters) + sum(v.z[g, p] for p in ps)
+            if not cut.superset:
+                expr = expr - sum(v.x[i, g] for i in range(P.n)
+                                  if i not in cut.adapters and (i, g) in v.x)
+            m.Add(expr <= len(cut.adapters))
+
+
+def add_budget(m, P, E, v: Vars) -> None:
+    """sum_g y[g] <= B (latency objective)."""
+    if P.objective == "latency" and P.gpu_budget is not None:
+        m.Add(sum(v.y.values()) <= P.gpu_budget)
+
+
+def set_objective(m, P, E, v: Vars) -> float:
+    """gpus: min sum y; cost: min sum price y (prices in cents); latency: min sum itl_p w[g,p]
+    with w[g,p] <= cap_p z[g,p], sum_p w[g,p] = load_g. Returns the objective scale."""
+    if P.objective == "latency":
+        for (g, p), wv in v.w.items():
+            m.Add(wv == 0).OnlyEnforceIf(v.z[g, p].Not())
+        for g, t in enumerate(E.slots):
+            m.Add(sum(v.w[g, p] for p in range(len(E.configs[t]))) == _sum_x(P, v, g, P.loads))
+        m.Minimize(sum(int(round((E.configs[E.slots[g]][p].itl_ms or 1e6) * ITL_SCALE)) * wv
+                       for (g, p), wv in v.w.items()))
+        return ITL_SCALE * max(P.total_load, 1)
+    if P.objective == "cost":
+        m.Minimize(sum(int(round(P.slot_weight(E.slots[g]) * 100)) * v.y[g] for g in v.y))
+        return 100.0
+    m.Minimize(sum(v.y.values()))
+    return 1.0
+
+
+def build_model(P: PackingProblem, symmetry: bool = True):
+    E = effective(P)
+    m = cp_model.CpModel()
+    v = add_variables(m, P, E)
+    add_assignment(m, P, E, v)
+    add_linking(m, P, E, v)
+    add_configuration_choice(m, P, E, v)
+    add_rank(m, P, E, v)
+    add_feature_interval(m, P, E, v)
+    add_capacity(m, P, E, v)
+    if symmetry:
+        add_symmetry_breaking(m, P, E, v)
+    add_cuts(m, P, E, v)
+    add_budget(m, P, E, v)
+    scale = set_objective(m, P, E, v)
+    return m, E, v, scale
+
+
+def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | None = None,
+                warm_start: Sequence[tuple[int, Sequence[int]]] | None = None,
+                symmetry: bool = True, seed: int = 0, verbose: bool = False) -> SolveResult:
+    """Solve with CP-SAT (``num_workers`` = threads, seeded); ``warm_start`` as a hint."""
+    t0 = time.perf_counter()
+    m, E, v, scale = build_model(P, symmetry)
+    start = warm_start_solution(P, E, warm_start)
+    if start is not None:
+        slots = assign_slots(P, E, start)
+        for g in range(len(E.slots)):
+            used = g in slots
+            m.AddHint(v.y[g], used)
+            for p in range(len(E.configs[E.slots[g]])):
+                m.AddHint(v.z[g, p], used and slots[g][1] == p)
+                if (g, p) in v.w:
+                    m.AddHint(v.w[g, p], sum(P.loads[i] for i in slots[g][2])
+                              if used and slots[g][1] == p else 0)
+            for i in range(P.n):
+                if (i, g) in v.x:
+                    m.AddHint(v.x[i, g], used and i in slots[g][2])
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = max(0.1, float(time_limit_s) - (time.perf_counter() - t0))
+    s.parameters.num_workers = int(threads or default_threads())
+    s.parameters.random_seed = int(seed)
+    s.parameters.log_search_progress = verbose
+    build_s = time.perf_counter() - t0
+    st = s.Solve(m)
+    wall = time.perf_counter() - t0
+    details = {"termination": s.StatusName(st), "build_s": build_s}
+    if st == cp_model.INFEASIBLE:
+        return SolveResult("cpsat", "infeasible", None, None, wall, (), start is not None, details)
+    bound = s.BestObjectiveBound() / scale
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult("cpsat", "unknown", None, bound, wall, (), start is not None, details)
+    obj = s.ObjectiveValue() / scale
+    gpus = []
+    for g, t in enumerate(E.slots):
+        if s.Value(v.y[g]):
+            items = tuple(i for i in range(P.n) if (i, g) in v.x and s.Value(v.x[i, g]))
+            p = next(p for p in range(len(E.configs[t])) if s.Value(v.z[g, p]))
+            if items:
+                gpus.append((t, E.orig[t][p], items))
+    if st == cp_model.OPTIMAL:
+        bound = obj
+        status = "optimal"
+    else:
+        status = "feasible"
+    if P.objective == "gpus":
+        bound = math.ceil(bound - 1e-6)
+    if P.objective == "cost":
+        obj = sum(P.types[t].price for t, _, _ in gpus)
+    return SolveResult("cpsat", status, float(obj), float(bound), wall, tuple(gpus),
+                       start is not None, details)
