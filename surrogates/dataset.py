@@ -186,6 +186,18 @@ def profile_hash(name: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def twin_source_hash() -> str:
+    """sha256 (first 16 hex) of the twin's code and bundled profiles/length models: any change
+    of the twin invalidates a dataset (checked on resume, reported by train)."""
+    import twin
+    root = Path(twin.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(list(root.glob("*.py")) + list((root / "profiles").glob("*.json"))):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def run_scenario(scenario: Scenario, profile_name: str, duration_s: float = DEFAULT_DURATION_S,
                  client_max_waiting: int | None = DEFAULT_CLIENT_MAX_WAITING) -> list[dict]:
     """Simulate one scenario at each of its Amax values; one row dict per Amax.
@@ -253,7 +265,7 @@ def _write_table(df: pd.DataFrame, path: Path, meta: dict) -> None:
 def _check_meta(found: dict | None, want: dict, where: Path) -> None:
     if found is None:
         raise ValueError(f"{where}: not a surrogates dataset (no metadata); refusing to add rows")
-    for k in ("schema_version", "profile", "profile_hash", "seed", "duration_s",
+    for k in ("schema_version", "profile", "profile_hash", "twin_hash", "seed", "duration_s",
               "client_max_waiting"):
         if found.get(k) != want.get(k):
             raise ValueError(f"{where}: cannot resume: field {k!r} is {found.get(k)!r} in the "
@@ -272,8 +284,11 @@ def load_dataset(path: str | os.PathLike) -> pd.DataFrame:
         meta = _read_meta(path)
     parts = sorted(_parts_dir(path).glob("part-*.parquet")) if _parts_dir(path).exists() else []
     for p in parts:
+        pm = _read_meta(p)
+        if meta is not None:
+            _check_meta(pm, meta, p)
+        meta = meta or pm
         frames.append(pd.read_parquet(p))
-        meta = meta or _read_meta(p)
     if not frames:
         raise ValueError(f"data: no dataset at {path}")
     df = pd.concat(frames, ignore_index=True)
@@ -367,7 +382,8 @@ def build_dataset(profile: str, samples: int, out: str | os.PathLike, *, backend
     out.parent.mkdir(parents=True, exist_ok=True)
     prof = _profile(profile)
     meta = {"schema_version": SCHEMA_VERSION, "profile": prof.name,
-            "profile_hash": profile_hash(profile), "seed": int(seed),
+            "profile_hash": profile_hash(profile), "twin_hash": twin_source_hash(),
+            "seed": int(seed),
             "duration_s": float(duration_s), "client_max_waiting": client_max_waiting,
             "features": list(FEATURES), "supported_ranks": list(prof.supported_ranks)}
     done: set[int] = set()
@@ -421,3 +437,26 @@ def build_dataset(profile: str, samples: int, out: str | os.PathLike, *, backend
                "rows_per_min": round(60.0 * n_rows / elapsed, 2) if elapsed > 0 and n_done else float("nan")}
     log("build: " + " ".join(f"{k}={v}" for k, v in summary.items()))
     return summary
+
+
+def synthetic_feature_rows(seed: int, n_mixes: int, ranks_supported: Sequence[int] = RANK_CLASSES,
+                           scales_per_mix: int = 3, scale_range: tuple[float, float] = (0.3, 3.0)
+                           ) -> np.ndarray:
+    """GPU feature rows of sampled scenarios *without simulating them* (for distillation):
+    mixes ``sample_scenario(seed, i)``, each at every valid Amax and at ``scales_per_mix``
+    random rate scalings (log-uniform over ``scale_range``; rates kept within the sampler's
+    [RATE_MIN, RATE_MAX])."""
+    from .features import adapter_feature_matrix
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 424242]))
+    rows = []
+    for i in range(int(n_mixes)):
+        sc = sample_scenario(seed, i, ranks_supported)
+        base_rates = np.asarray(sc.rates)
+        top = max(sc.ranks)
+        for _ in range(scales_per_mix):
+            c = _loguniform(rng, *scale_range)
+            rates = np.clip(base_rates * c, RATE_MIN, RATE_MAX)
+            add = adapter_feature_matrix(sc.ranks, rates, (sc.mean_in, sc.mean_out)).sum(axis=0)
+            for a in sc.amaxes:
+                rows.append(np.concatenate([add, [float(top), float(a)]]))
+    return np.asarray(rows)

@@ -184,6 +184,19 @@ class CapacityModel:
             raise ValueError("CapacityModel: not fitted")
         return list(self.pieces_)
 
+    def as_arrays(self) -> dict:
+        """The pieces as dense arrays for solver code: ``cap[r, a, k]`` (load cap of rank class
+        ``ranks[r]``, Amax ``amax_grid[a]``, x in ``[breaks[k], breaks[k+1])``), ``ratio``,
+        ``sat_tps``, ``usable`` (has training data and no memory error; unusable pieces must not
+        be chosen), ``memory_error``."""
+        if not hasattr(self, "pieces_"):
+            raise ValueError("CapacityModel: not fitted")
+        return {"x_feature": self.x_feature, "breaks": np.asarray(self.breaks, float),
+                "ranks": np.asarray(RANK_CLASSES), "amax_grid": np.asarray(self.amax_grid),
+                "cap": self._cap.copy(), "ratio": self._ratio.copy(), "sat_tps": self._sat.copy(),
+                "usable": (self._rows >= self.min_rows) & ~self._mem,
+                "memory_error": self._mem.copy()}
+
     def lookup(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(piece index into ``pieces()`` or -1, out-of-domain mask) of each row."""
         if not hasattr(self, "pieces_"):

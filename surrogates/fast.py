@@ -3,7 +3,8 @@
 ``FastModel`` predicts throughput and starvation of many GPUs at once from raw feature rows
 (``surrogates.features.FEATURES``). One compiled loop computes each row's design columns (the
 same as ``models.design_matrix``; a test checks it), looks up the KV capacity in a dense table
-(memory errors exact), and walks two small forests distilled from the full models
+(memory errors exact), and evaluates two boosted *oblivious* tree ensembles
+(``surrogates.oblivious``: branch-free, a few ns per tree) distilled from the full models
 (``ThroughputRegressor``'s log throughput/load and ``StarvationClassifier``'s logit): the
 student regresses the teacher's raw outputs on the training rows (and on synthetic GPUs made by
 merging two training scenarios, which are valid GPU feature vectors because the features are
@@ -25,7 +26,7 @@ import numpy as np
 from .domain import Domain, validate
 from .features import FEATURES, IDX, RANK_CLASSES
 from .memory import KvTable
-from .trees import Forest
+from .oblivious import ObliviousForest, fit_oblivious, oblivious_sum
 
 FORMAT_VERSION = 1
 DENSE_MAX_AMAX = 1024
@@ -37,24 +38,8 @@ _NF = len(FEATURES)
 _RANKS = np.asarray(RANK_CLASSES, np.float64)
 
 
-@nb.njit(cache=True, inline="always")
-def _tree_sum(x, feature, threshold, left, right, value, roots):
-    s = 0.0
-    for t in range(roots.shape[0]):
-        k = roots[t]
-        while feature[k] >= 0:
-            if x[feature[k]] <= threshold[k]:
-                k = left[k]
-            else:
-                k = right[k]
-        s += value[k]
-    return s
-
-
 @nb.njit(cache=True)
-def _fast_kernel(M, kvdense, ranks,
-                 tf, tt, tl, tr, tv, troot, tbase, tscale,
-                 cf, ct, cl, cr, cv, croot, cbase, cscale,
+def _fast_kernel(M, kvdense, ranks, tfeat, tthr, tleaf, tbase, cfeat, cthr, cleaf, cbase,
                  thr_out, logit_out):
     n = M.shape[0]
     nf = M.shape[1]
@@ -88,26 +73,25 @@ def _fast_kernel(M, kvdense, ranks,
         kv = 0.0
         if ai < kvdense.shape[0] and ri >= 0:
             kv = kvdense[ai, ri]
-        mean_total = load / rate
-        kv_reqs = kv / mean_total
-        x[nf + 9] = kv / 1000.0
-        x[nf + 10] = kv_reqs
-        lkv = np.log(max(kv_reqs, 1e-9))
-        x[nf + 11] = lkv
-        x[nf + 12] = lload - lkv
         if kv <= 0.0:
             thr_out[i] = 0.0
             logit_out[i] = np.inf
             continue
-        s = tbase + tscale * _tree_sum(x, tf, tt, tl, tr, tv, troot)
+        kv_reqs = kv / (load / rate)
+        lkv = np.log(max(kv_reqs, 1e-9))
+        x[nf + 9] = kv / 1000.0
+        x[nf + 10] = kv_reqs
+        x[nf + 11] = lkv
+        x[nf + 12] = lload - lkv
+        s = tbase + oblivious_sum(x, tfeat, tthr, tleaf)
         thr_out[i] = max((load + 1.0) * np.exp(s) - 1.0, 0.0)
-        logit_out[i] = cbase + cscale * _tree_sum(x, cf, ct, cl, cr, cv, croot)
+        logit_out[i] = cbase + oblivious_sum(x, cfeat, cthr, cleaf)
 
 
 class FastModel:
     """Distilled throughput + starvation forests in one numba loop (see module docstring)."""
 
-    def __init__(self, thr_forest: Forest, starve_forest: Forest, kv: KvTable, domain: Domain,
+    def __init__(self, thr_forest: ObliviousForest, starve_forest: ObliviousForest, kv: KvTable, domain: Domain,
                  info: dict | None = None):
         self.thr_forest = thr_forest
         self.starve_forest = starve_forest
@@ -122,10 +106,8 @@ class FastModel:
         thr = np.empty(n)
         logit = np.empty(n)
         a, b = self.thr_forest, self.starve_forest
-        _fast_kernel(M, self._kvdense, _RANKS,
-                     a.feature, a.threshold, a.left, a.right, a.value, a.roots, a.base, a.scale,
-                     b.feature, b.threshold, b.left, b.right, b.value, b.roots, b.base, b.scale,
-                     thr, logit)
+        _fast_kernel(M, self._kvdense, _RANKS, a.feat, a.thr, a.leaf, a.base,
+                     b.feat, b.thr, b.leaf, b.base, thr, logit)
         return thr, logit >= 0.0
 
     def predict(self, X) -> tuple[np.ndarray, np.ndarray]:
@@ -140,28 +122,22 @@ class FastModel:
 
     # ------------------------------------------------------------------ training
     @classmethod
-    def distill(cls, teacher_thr, teacher_starve, M: np.ndarray, scenario_id: np.ndarray | None = None,
-                n_synthetic: int = 0, max_iter: int = 60, max_leaf_nodes: int = 31,
-                learning_rate: float = 0.15, seed: int = 0) -> "FastModel":
+    def distill(cls, teacher_thr, teacher_starve, M: np.ndarray, n_synthetic: int = 0,
+                n_trees: int = 120, depth: int = 6, learning_rate: float = 0.2,
+                seed: int = 0) -> "FastModel":
         """Fit the student forests on the teachers' raw outputs at rows ``M`` (+ synthetic)."""
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
         from .models import design_matrix
-        from .trees import from_hgb
         M = validate(M)
         if n_synthetic > 0:
             M = np.vstack([M, synthetic_merges(M, n_synthetic, teacher_thr.domain_, seed)])
         D, kvt = design_matrix(M, teacher_thr.kv_)
         ok = kvt > 0
         t_thr = teacher_thr.forest_.predict(D[ok])
-        t_log = teacher_starve.forest_.predict(D[ok])
-        kw = dict(max_iter=max_iter, max_leaf_nodes=max_leaf_nodes, learning_rate=learning_rate,
-                  random_state=seed, early_stopping=False, min_samples_leaf=5)
-        f1 = from_hgb(HistGradientBoostingRegressor(**kw).fit(D[ok], t_thr))
-        f2 = from_hgb(HistGradientBoostingRegressor(**kw).fit(D[ok], t_log))
-        info = {"max_iter": max_iter, "max_leaf_nodes": max_leaf_nodes,
-                "learning_rate": learning_rate, "n_rows": int(ok.sum()),
-                "n_synthetic": int(n_synthetic), "seed": seed}
+        t_log = np.clip(teacher_starve.forest_.predict(D[ok]), -12.0, 12.0)
+        f1 = fit_oblivious(D[ok], t_thr, n_trees, depth, learning_rate)
+        f2 = fit_oblivious(D[ok], t_log, n_trees, depth, learning_rate)
+        info = {"n_trees": n_trees, "depth": depth, "learning_rate": learning_rate,
+                "n_rows": int(ok.sum()), "n_synthetic": int(n_synthetic), "seed": seed}
         return cls(f1, f2, teacher_thr.kv_, teacher_thr.domain_, info)
 
     # ------------------------------------------------------------------ persistence
@@ -184,8 +160,8 @@ class FastModel:
         if meta.get("kind") != "fast" or meta.get("features") != list(FEATURES):
             raise ValueError(f"model {stem}: not a fast model for this code's FEATURES")
         with np.load(stem.with_suffix(".npz"), allow_pickle=False) as z:
-            a = Forest.from_arrays(z, "thr_")
-            b = Forest.from_arrays(z, "starve_")
+            a = ObliviousForest.from_arrays(z, "thr_")
+            b = ObliviousForest.from_arrays(z, "starve_")
         return cls(a, b, KvTable.from_json(meta["kv_capacity"]), Domain.from_json(meta["domain"]),
                    meta.get("info"))
 

@@ -40,15 +40,19 @@ class KvTable:
         return self.entries[(larger[0], rank)] if larger else 0
 
     def tokens_array(self, amax: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        amax = np.asarray(amax).astype(np.int64)
-        rank = np.asarray(rank).astype(np.int64)
-        out = np.empty(len(amax), dtype=np.float64)
-        cache: dict[tuple[int, int], int] = {}
-        for i, (a, r) in enumerate(zip(amax, rank)):
-            key = (int(a), int(r))
-            if key not in cache:
-                cache[key] = self.tokens(*key)
-            out[i] = cache[key]
+        """Vectorised ``tokens`` (0 = memory error) for integer Amax <= 1024 and rank classes."""
+        amax = np.asarray(amax, dtype=np.float64)
+        rank = np.asarray(rank, dtype=np.float64)
+        ranks = tuple(sorted({r for (_, r) in self.entries}))
+        if not hasattr(self, "_dense_cache"):
+            object.__setattr__(self, "_dense_cache", self.dense(1024, ranks))
+        T = self._dense_cache
+        out = np.zeros(len(amax))
+        ri = np.searchsorted(ranks, rank)
+        ri_c = np.minimum(ri, len(ranks) - 1)
+        ok = ((ri < len(ranks)) & (np.asarray(ranks, float)[ri_c] == rank) & (amax >= 1)
+              & (amax < T.shape[0]) & (amax == np.round(amax)))
+        out[ok] = T[amax[ok].astype(np.int64), ri_c[ok]]
         return out
 
     def dense(self, max_amax: int, ranks: tuple[int, ...]) -> np.ndarray:

@@ -215,7 +215,7 @@ def test_fast_kernel_matches_design_matrix(tiny, kv, tmp_path):
     M = validate(df)
     t = ThroughputRegressor(kv_capacity=kv, **SMALL).fit(M, df.throughput_tps)
     s = StarvationClassifier(kv_capacity=kv, **SMALL).fit(M, df.starved)
-    fast = FastModel.distill(t, s, M, max_iter=10, max_leaf_nodes=7, learning_rate=0.3)
+    fast = FastModel.distill(t, s, M, n_trees=8, depth=4, learning_rate=0.3)
     thr, st = fast.predict_unchecked(M)
     D, kvt = design_matrix(M, t.kv_)
     ref = np.maximum((M[:, IDX["load"]] + 1) * np.exp(fast.thr_forest.predict(D)) - 1, 0)
@@ -331,3 +331,55 @@ def test_committed_llama_on_real_maxsearch(capsys):
     assert res["real_throughput_smape"] < 10 and res["real_starvation_f1"] > 0.9
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("real_throughput_smape=")
+
+
+# ------------------------------------------------------------------------------ properties
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([8, 16, 32]), st.floats(1e-3, 5.0)), min_size=2,
+                max_size=30), st.integers(1, 29))
+def test_features_of_a_union_are_sums(adapters, cut):
+    """Additive features of a GPU = sum over any split of its adapters (what MILPs rely on)."""
+    cut = min(cut, len(adapters) - 1)
+    ranks = [r for r, _ in adapters]
+    rates = [x for _, x in adapters]
+    L = (220.0, 190.0)
+    whole = gpu_features(ranks, rates, 16, L)
+    a = gpu_features(ranks[:cut], rates[:cut], 16, L)
+    b = gpu_features(ranks[cut:], rates[cut:], 16, L)
+    k = len(ADDITIVE)
+    assert np.allclose(whole[:k], a[:k] + b[:k])
+    assert whole[IDX["max_rank"]] == max(a[IDX["max_rank"]], b[IDX["max_rank"]])
+
+
+def test_oblivious_forest_matches_reference():
+    from surrogates.oblivious import fit_oblivious
+    rng = np.random.default_rng(1)
+    X = rng.random((500, 4))
+    y = np.sin(5 * X[:, 0]) + X[:, 1]
+    f = fit_oblivious(X, y, n_trees=30, depth=4, learning_rate=0.3)
+    g = fit_oblivious(X, y, n_trees=30, depth=4, learning_rate=0.3)
+    assert np.array_equal(f.leaf, g.leaf)                       # deterministic
+    ref = np.full(len(X), f.base)
+    for t in range(f.n_trees):
+        idx = np.zeros(len(X), dtype=np.int64)
+        for lvl in range(f.depth):
+            idx = 2 * idx + (X[:, f.feat[t, lvl]] > f.thr[t, lvl])
+        ref += f.leaf[t, idx]
+    assert np.allclose(f.predict(X), ref)
+    assert np.mean((f.predict(X) - y) ** 2) < 0.1 * np.var(y)
+
+
+def test_capacity_arrays_match_pieces(tiny, kv):
+    _, df = tiny
+    m = CapacityModel(kv_capacity=kv, min_rows=1).fit(validate(df), df.starved, df.throughput_tps)
+    arr = m.as_arrays()
+    for p in m.pieces():
+        r = list(arr["ranks"]).index(p.max_rank)
+        a = list(arr["amax_grid"]).index(p.amax)
+        k = int(np.searchsorted(arr["breaks"], p.x_lo))
+        assert arr["cap"][r, a, k] == p.cap_load
+        assert arr["usable"][r, a, k] == (p.n_rows >= 1 and not p.memory_error)
