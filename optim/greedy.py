@@ -94,6 +94,14 @@ def maxpack_order(adapters: Sequence[Adapter]) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- one GPU
+def useful_amax(ks: np.ndarray, amaxes: np.ndarray) -> np.ndarray:
+    """Mask (len(ks), len(amaxes)): Amax values up to k, plus the smallest one >= k (more slots
+    than adapters only costs KV memory)."""
+    ks = np.asarray(ks, dtype=np.float64)[:, None]
+    a = np.asarray(amaxes, dtype=np.float64)[None, :]
+    first_ge = np.min(np.where(a >= ks, a, np.inf), axis=1, keepdims=True)
+    return (a <= ks) | (a == first_ge)
+
 @dataclass(frozen=True)
 class Fill:
     """Result of filling one GPU from queue position ``start``: ``k`` adapters at ``amax``."""
@@ -133,6 +141,7 @@ def fill_gpu(phi: np.ndarray, loads: np.ndarray, ranks: np.ndarray, start: int, 
         thr, starved = model.predict_unchecked(_rows(prefix, karr, max_rank, amaxes))
         thr = thr.reshape(len(todo), len(amaxes))
         ok = ~starved.reshape(len(todo), len(amaxes))
+        ok &= useful_amax(karr, amaxes)
         for j, k in enumerate(todo):
             if ok[j].any():
                 cand = np.where(ok[j], thr[j], -np.inf)
@@ -199,6 +208,7 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
         mr = max(adapters[i].rank for i in mem)
         M = _rows(phi[None, :], np.array([1]), mr, amaxes)
         thr, starved = models[t.name].predict_unchecked(M)
+        starved = starved | ~useful_amax(np.array([len(mem)]), amaxes)[0]
         if starved.all():
             return None
         b = int(np.argmax(np.where(~starved, thr, -np.inf)))
@@ -346,8 +356,8 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
                       tuple(plans), wall_time_s=wall, notes=tuple(notes),
                       params={"test_points": list(TEST_POINTS), "placement_wall_s": wall})
     if opts.extra.get("repair", False):
-        place = repair(inst, place, obj.name, float(opts.extra.get("duration_s",
-                                                                   inst.duration_s)))
+        dur = opts.extra.get("duration_s")
+        place = repair(inst, place, obj.name, float(dur if dur is not None else inst.duration_s))
     return place
 
 
