@@ -4,6 +4,10 @@ Order. Adapters are grouped by rank, largest rank first (a GPU's ``max_lora_rank
 its first adapter and never grows); inside a group rates are taken in zigzag order (largest,
 smallest, second largest, second smallest, ...) so that every prefix mixes hot and cold adapters.
 
+Amax. A prefix is feasible when the surrogate accepts it at any Amax of its grid; the GPU then
+gets the accepted Amax of highest predicted throughput, preferring values up to the adapter
+count (plus the smallest grid value above it), since more slots than adapters only cost memory.
+
 Filling. GPUs are opened one at a time and filled next-fit along that order. For the open GPU the
 additive features of every prefix of the remaining queue are prefix sums, so the fast surrogate
 evaluates a whole set of *testing points* (prefix sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, ... and
@@ -141,10 +145,11 @@ def fill_gpu(phi: np.ndarray, loads: np.ndarray, ranks: np.ndarray, start: int, 
         thr, starved = model.predict_unchecked(_rows(prefix, karr, max_rank, amaxes))
         thr = thr.reshape(len(todo), len(amaxes))
         ok = ~starved.reshape(len(todo), len(amaxes))
-        ok &= useful_amax(karr, amaxes)
+        pref = ok & useful_amax(karr, amaxes)
         for j, k in enumerate(todo):
             if ok[j].any():
-                cand = np.where(ok[j], thr[j], -np.inf)
+                choose = pref[j] if pref[j].any() else ok[j]
+                cand = np.where(choose, thr[j], -np.inf)
                 b = int(np.argmax(cand))          # first max -> the smaller Amax on ties
                 cache[k] = (True, int(amaxes[b]), float(thr[j, b]))
             else:
@@ -208,10 +213,10 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
         mr = max(adapters[i].rank for i in mem)
         M = _rows(phi[None, :], np.array([1]), mr, amaxes)
         thr, starved = models[t.name].predict_unchecked(M)
-        starved = starved | ~useful_amax(np.array([len(mem)]), amaxes)[0]
         if starved.all():
             return None
-        b = int(np.argmax(np.where(~starved, thr, -np.inf)))
+        pref = ~starved & useful_amax(np.array([len(mem)]), amaxes)[0]
+        b = int(np.argmax(np.where(pref if pref.any() else ~starved, thr, -np.inf)))
         pred = GpuMetrics(float(phi[2]), float(thr[b]), False, False)
         plans.append(plan_gpu(t.name, t.profile, int(amaxes[b]), [(adapters[i], 1.0) for i in mem],
                               inst.mean_tokens, mr, pred))
@@ -350,7 +355,11 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
 def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     """Registered method ``greedy`` (``opts.extra['repair']`` defaults to True)."""
     t0 = time.perf_counter()
-    plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name)
+    try:
+        plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name)
+    except ValueError as e:       # an adapter no GPU type can serve, per the surrogate
+        return Placement(inst.name, "greedy", "failed", wall_time_s=time.perf_counter() - t0,
+                         notes=(str(e),))
     wall = time.perf_counter() - t0
     place = Placement(inst.name, "greedy", "over_pool" if over_pool else "solved",
                       tuple(plans), wall_time_s=wall, notes=tuple(notes),

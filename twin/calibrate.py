@@ -65,11 +65,13 @@ SCHED_SOURCE_WEIGHT = 0.5             # relative weight of a shared scheduler-ru
 
 # ---------------------------------------------------------------------------- data assembly
 def _cal(data_dir: Path) -> Path:
+    """The folder with the profiling CSVs: ``data_dir/calibration`` or ``data_dir`` itself."""
     d = Path(data_dir)
-    c = d / "calibration"
-    if not c.is_dir():
-        raise FileNotFoundError(f"no calibration/ folder under {d}")
-    return c
+    for c in (d / "calibration", d):
+        if (c / "step_latency_runs.csv").is_file():
+            return c
+    raise FileNotFoundError(f"--data {d}: no step_latency_runs.csv in it or in its calibration/ "
+                            "folder")
 
 
 def lora_tiles(K, D, P):
