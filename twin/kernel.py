@@ -70,6 +70,18 @@ def _pop_head(a, head, tail, nxt):
     return r
 
 
+@njit(cache=True, inline="always")
+def _add_to_batch(a, new, step_id, in_batch, batch_adapters, tok_of, n_distinct):
+    """Count ``new`` tokens of adapter ``a`` in this step's batch; returns the distinct count."""
+    if in_batch[a] != step_id:
+        in_batch[a] = step_id
+        batch_adapters[n_distinct] = a
+        n_distinct += 1
+        tok_of[a] = 0
+    tok_of[a] += new
+    return n_distinct
+
+
 @njit(cache=True)
 def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
@@ -191,13 +203,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
             if not ok:
                 break
             sched_new[i] = new
-            a = adapter[r]
-            if in_batch[a] != step_id:
-                in_batch[a] = step_id
-                batch_adapters[n_distinct] = a
-                n_distinct += 1
-                tok_of[a] = 0
-            tok_of[a] += new
+            n_distinct = _add_to_batch(adapter[r], new, step_id, in_batch, batch_adapters, tok_of,
+                                       n_distinct)
             budget -= new
             i += 1
         n_sched = i
@@ -243,12 +250,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 sched_new[n_run] = new
                 n_run += 1
                 n_sched += 1
-                if in_batch[best_a] != step_id:
-                    in_batch[best_a] = step_id
-                    batch_adapters[n_distinct] = best_a
-                    n_distinct += 1
-                    tok_of[best_a] = 0
-                tok_of[best_a] += new
+                n_distinct = _add_to_batch(best_a, new, step_id, in_batch, batch_adapters, tok_of,
+                                           n_distinct)
                 budget -= new
                 n_scanned += 1
             if lora and n_distinct >= max_loras and wait_before > 0:

@@ -298,6 +298,16 @@ def _solve_scale(f, target: float, what: str, lo_bound: float, hi_bound: float) 
 class _Base:
     kind: str = ""
 
+    @property
+    def mean_input(self) -> float:
+        """Exact expected input length of what ``sample`` returns."""
+        return self._means[0]  # type: ignore[attr-defined]
+
+    @property
+    def mean_output(self) -> float:
+        """Exact expected output length of what ``sample`` returns."""
+        return self._means[1]  # type: ignore[attr-defined]
+
     def to_dict(self) -> dict:
         """Round-trippable JSON form: ``{"kind": ..., <fields>}``."""
         d: dict[str, Any] = {"kind": self.kind}
@@ -385,13 +395,6 @@ class ClippedNormalLengths(_Base):
                                      self.max_total - self.min_len if self.max_total is not None else math.inf)
         return _exact_means(si, pi, so, po, self.min_len, self.max_input, self.max_total)
 
-    @property
-    def mean_input(self) -> float:
-        return self._means[0]
-
-    @property
-    def mean_output(self) -> float:
-        return self._means[1]
 
     def sample(self, n: int, rng: np.random.Generator | int) -> tuple[np.ndarray, np.ndarray]:
         """Draw ``n`` (input, output) pairs from ``rng`` (the first k of n draws equal a k-draw)."""
@@ -567,13 +570,6 @@ class EmpiricalLengths(_Base):
     def _means(self) -> tuple[float, float]:
         return self._means_for(self.input_scale, self.output_scale)
 
-    @property
-    def mean_input(self) -> float:
-        return self._means[0]
-
-    @property
-    def mean_output(self) -> float:
-        return self._means[1]
 
     # -- sampling
 

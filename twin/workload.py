@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .lengths import LengthModel
+from .lengths import LengthModel, _check_float
 
 __all__ = [
     "Adapter",
@@ -52,15 +52,8 @@ def _generator(rng: np.random.Generator | int) -> np.random.Generator:
 
 
 def _finite(owner: str, name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{owner}: {name} must be a number, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{owner}: {name} must be a number, got {value!r}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{owner}: {name} must be finite, got {v}")
-    return v
+    """A finite float, or ValueError naming ``owner`` and ``name``."""
+    return _check_float(owner, name, value)
 
 
 # =========================================================================== adapters
