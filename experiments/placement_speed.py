@@ -6,7 +6,7 @@
    instances with ``--all``): wall seconds of the placement itself, best of ``--repeats``, after a
    warm-up that compiles / loads the surrogate.
 2. Verification: the first ``--gpus`` GPUs of greedy's placement of the largest instance (or of
-   the given one) replayed in the fleet twin for ``--duration`` simulated seconds with every core
+   the given one; when it has fewer GPUs, copies of its GPUs with renamed adapters) replayed in the fleet twin for ``--duration`` simulated seconds with every core
    (``os.cpu_count()`` worker processes); wall seconds end to end (including process start-up).
 
 Last line: ``greedy_10000_s=<s> verify_<n>gpu_s=<s> cores=<k>``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from optim.greedy import greedy_plans
@@ -63,13 +64,18 @@ def main(argv=None) -> int:
         print(f"greedy {path.name}: adapters={len(inst.adapters)} gpus={len(plans)} "
               f"placement_wall_s={t:.3f}")
     t_main, plans, inst = results[main_path.resolve()]
-    sub = plans[:a.gpus]
+    sub = list(plans[:a.gpus])
+    copy = 1
+    while len(sub) < a.gpus:   # fewer GPUs than asked: add copies with renamed adapters
+        for g in plans[:a.gpus - len(sub)]:
+            sub.append(replace(g, adapters=tuple((replace(x, id=f"{x.id}#{copy}"), s)
+                                                 for x, s in g.adapters)))
+        copy += 1
     placement = Placement(inst.name, "greedy", "solved", tuple(sub))
     cores = os.cpu_count() or 1
     t0 = time.perf_counter()
     # verification of a subset: shares are complete per adapter (no splits), so check per GPU
-    from dataclasses import replace as dc_replace
-    sub_inst = dc_replace(inst, adapters=tuple(x for g in sub for x, _ in g.adapters))
+    sub_inst = replace(inst, adapters=tuple(x for g in sub for x, _ in g.adapters))
     v = verify(placement, sub_inst, duration_s=a.duration, workers=cores)
     wall = time.perf_counter() - t0
     bad = sum(1 for g in v.gpus if not g.verified.ok)
