@@ -22,7 +22,6 @@ relative GPU reduction of greedy over MaxBase on the points where both succeeded
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time

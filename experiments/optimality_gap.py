@@ -18,7 +18,6 @@ Writes ``<out-dir>/optimality_gap.{csv,md,png}`` (and ``--json``); the last line
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time

@@ -37,7 +37,7 @@ twin verdicts are checked in turn, until the twin accepts every GPU. Each change
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -71,8 +71,8 @@ def load_fast_model(profile: str):
     return _FAST_CACHE[profile]
 
 
-def amax_candidates(model) -> np.ndarray:
-    """Amax values the surrogate was trained on (its domain)."""
+def amax_candidates() -> np.ndarray:
+    """Amax values the surrogates are trained on (their domain)."""
     from surrogates.dataset import AMAX_GRID
     return np.asarray(AMAX_GRID, dtype=np.float64)
 
@@ -128,8 +128,8 @@ def _rows(prefix: np.ndarray, ks: np.ndarray, max_rank: int, amaxes: np.ndarray)
     return M
 
 
-def fill_gpu(phi: np.ndarray, loads: np.ndarray, ranks: np.ndarray, start: int, model,
-             amaxes: np.ndarray, load_index: int) -> Fill:
+def fill_gpu(phi: np.ndarray, ranks: np.ndarray, start: int, model, amaxes: np.ndarray,
+             load_index: int) -> Fill:
     """Largest feasible prefix of ``phi[start:]`` on one GPU (see module docstring)."""
     remaining = len(phi) - start
     kmax = min(remaining, MAX_PER_GPU)
@@ -233,12 +233,13 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
     types = {t.name: t for t in inst.gpu_types}
     pool = dict(pool) if pool is not None else {t.name: t.count for t in inst.gpu_types}
     models = {name: load_fast_model(t.profile) for name, t in types.items()}
-    amaxes = {name: amax_candidates(m) for name, m in models.items()}
+    amaxes = {name: amax_candidates() for name in models}
+    phi_all = adapter_feature_matrix([a.rank for a in adapters], [a.rate for a in adapters],
+                                     inst.lengths)
     order = maxpack_order(adapters)
     ordered = [adapters[i] for i in order]
     ranks = np.array([a.rank for a in ordered])
-    phi = adapter_feature_matrix(ranks, [a.rate for a in ordered], inst.lengths)
-    loads = phi[:, IDX["load"]]
+    phi = phi_all[order]
     plans: list[GpuPlan] = []
     notes: list[str] = []
     over_pool = False
@@ -246,10 +247,7 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
     while p < len(ordered):
         avail = [n for n, c in pool.items() if c > 0]
         if not avail:
-            spread = _spread(inst, adapters, models,
-                             adapter_feature_matrix([a.rank for a in adapters],
-                                                    [a.rate for a in adapters], inst.lengths),
-                             amaxes[inst.gpu_types[0].name])
+            spread = _spread(inst, adapters, models, phi_all, amaxes[inst.gpu_types[0].name])
             if spread is not None:
                 notes.append("next-fit needed more GPUs than the pool has; a load-balanced "
                              "spread over all available GPUs is predicted feasible")
@@ -257,8 +255,7 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
             over_pool = True
             avail = [max(types, key=lambda n: types[n].count)]
             pool[avail[0]] = pool.get(avail[0], 0) + 1
-        fills = {n: fill_gpu(phi, loads, ranks, p, models[n], amaxes[n], IDX["load"])
-                 for n in avail}
+        fills = {n: fill_gpu(phi, ranks, p, models[n], amaxes[n], IDX["load"]) for n in avail}
         t = _choose(fills, types, objective)
         if t is None:
             a = ordered[p]
@@ -293,7 +290,6 @@ def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int,
                        plan.offered_tps, plan.predicted)
         ok, m = _twin_ok(inst, cand, duration_s, seed)
         if ok:
-            from dataclasses import replace
             return replace(cand, verified=GpuMetrics.from_run(m))
     return None
 
@@ -304,7 +300,7 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
     from .verify import verify
     p = verify(placement, inst, duration_s=duration_s)
     changes = list(p.repairs)
-    amaxes = amax_candidates(None)
+    amaxes = amax_candidates()
     rounds = 0
     while p.verdict == "rejected" and rounds < max_rounds:
         rounds += 1

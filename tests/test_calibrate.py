@@ -1,14 +1,13 @@
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from experiments.common import shared_data_dir
+
 from twin.calibrate import calibrate, fit_metrics, kv_table, main, step_rows
 from twin.profile import GpuProfile, load_profile
 
-DATA = Path(os.environ.get("LORA_SHARED_DATA",
-                           Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vllm_h100"))
+DATA = shared_data_dir()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ capacity instances, objectives, infeasibility, surrogate pieces, twin-in-the-loo
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest

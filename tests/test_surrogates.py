@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from experiments.common import shared_data_dir
+
 from surrogates.dataset import (build_dataset, load_dataset, run_scenario, sample_scenario,
                                 valid_amaxes)
 from surrogates.domain import validate
 from surrogates.encodable import CapacityModel
 from surrogates.fast import FastModel
-from surrogates.features import (ADDITIVE, FEATURES, IDX, adapter_feature_matrix,
+from surrogates.features import (ADDITIVE, IDX, adapter_feature_matrix,
                                  adapter_feature_vector, gpu_features)
 from surrogates.memory import KvTable
-from surrogates.metrics import f1, smape
+from surrogates.metrics import smape
 from surrogates.models import (ItlRegressor, StarvationClassifier, ThroughputRegressor,
                                design_matrix)
 from surrogates.trees import from_hgb, from_tree
@@ -317,12 +318,8 @@ def test_committed_fast_and_encodable_agree_with_full(profile):
     assert np.mean(feas[~ood] == ~fstarve[~ood]) > 0.85
 
 
-def _shared_dir() -> Path:
-    return Path(os.environ.get("LORA_SHARED_DATA", REPO.parent / "shared" / "data" / "vllm_h100"))
-
-
 def test_committed_llama_on_real_maxsearch(capsys):
-    csv = _shared_dir() / "validation_llama" / "maxsearch_llama.csv"
+    csv = shared_data_dir() / "validation_llama" / "maxsearch_llama.csv"
     if not csv.exists():
         pytest.skip(f"real max-search CSV not found at {csv} (set LORA_SHARED_DATA)")
     b = _committed("llama-3.1-8b-instruct")

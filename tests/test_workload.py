@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from experiments.common import shared_data_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,7 @@ ALL_PROCESSES = [PoissonArrivals(), GammaArrivals(2.0), GammaArrivals(0.5), Logn
 
 def shared_data() -> Path:
     """Shared measurement folder from $LORA_SHARED_DATA (default <repo>/../shared/data/vllm_h100)."""
-    p = Path(os.environ.get("LORA_SHARED_DATA", REPO.parent / "shared" / "data" / "vllm_h100"))
+    p = shared_data_dir()
     if not p.is_dir():
         pytest.skip(f"shared data folder not found at {p} (set LORA_SHARED_DATA)")
     return p

@@ -19,13 +19,18 @@ class CliError(ValueError):
     """A bad command-line argument; printed without a traceback."""
 
 
-def parse_float_list(name: str, text: str) -> list[float]:
+def _parse_list(name: str, text: str, conv, what: str) -> list:
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [conv(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise CliError(f"--{name}: expected comma-separated numbers, got {text!r}") from None
+        raise CliError(f"--{name}: expected comma-separated {what}, got {text!r}") from None
     if not vals:
         raise CliError(f"--{name}: empty list")
+    return vals
+
+
+def parse_float_list(name: str, text: str) -> list[float]:
+    vals = _parse_list(name, text, float, "numbers")
     for v in vals:
         if not math.isfinite(v) or v <= 0:
             raise CliError(f"--{name}: every value must be a finite number > 0, got {v}")
@@ -33,13 +38,7 @@ def parse_float_list(name: str, text: str) -> list[float]:
 
 
 def parse_int_list(name: str, text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"--{name}: expected comma-separated integers, got {text!r}") from None
-    if not vals:
-        raise CliError(f"--{name}: empty list")
-    return vals
+    return _parse_list(name, text, int, "integers")
 
 
 def parse_arrivals(text: str):

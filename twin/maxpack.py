@@ -13,6 +13,7 @@ points, e.g. rates 3.2/1.6/0.025 at N = Amax = 32, which starves).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -30,12 +31,9 @@ def mix_adapters(n: int, rates: Sequence[float], ranks: Sequence[int], seed: int
                  ) -> list[Adapter]:
     """``n`` adapters with rates and ranks each cycled over their lists, paired at random
     (the shared benchmark shuffles the two cyclic assignments independently)."""
-    rank_counts: dict[int, int] = {}
-    rate_counts: dict[float, int] = {}
-    for i in range(n):
-        rank_counts[ranks[i % len(ranks)]] = rank_counts.get(ranks[i % len(ranks)], 0) + 1
-        rate_counts[rates[i % len(rates)]] = rate_counts.get(rates[i % len(rates)], 0) + 1
-    return adapters_from_counts(rank_counts, rate_counts, seed=seed)
+    rank_counts = Counter(ranks[i % len(ranks)] for i in range(n))
+    rate_counts = Counter(rates[i % len(rates)] for i in range(n))
+    return adapters_from_counts(dict(rank_counts), dict(rate_counts), seed=seed)
 
 
 @dataclass(frozen=True)

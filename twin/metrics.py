@@ -74,6 +74,13 @@ def memory_error_metrics(duration_s: float, offered_tps: float) -> RunMetrics:
                       nan, nan, nan, 0, 0, 0.0, 0, 0.0, 0, 0.0, 0.0, 0, 0)
 
 
+def realised_offered_tps(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray,
+                         duration_s: float) -> float:
+    """Input + output tokens of the requests arriving in ``[0, duration_s)``, per second."""
+    win = arrival < duration_s
+    return float(in_len[win].sum() + out_len[win].sum()) / duration_s
+
+
 def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray,
                     first_t: np.ndarray, finish_t: np.ndarray, stats: np.ndarray,
                     itl_hist: np.ndarray, duration_s: float, offered_tps: float,
@@ -86,7 +93,7 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     n_done = int(done.sum())
     tokens_done = float(in_len[done].sum() + out_len[done].sum())
     throughput = tokens_done / duration_s
-    realised = float(in_len[in_window].sum() + out_len[in_window].sum()) / duration_s
+    realised = realised_offered_tps(arrival, in_len, out_len, duration_s)
 
     multi = done & (out_len > 1)
     gaps = float((finish_t[multi] - first_t[multi]).sum())

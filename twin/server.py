@@ -10,7 +10,7 @@ import numpy as np
 
 from . import kernel as K
 from .lengths import LengthModel, default_lengths
-from .metrics import RunMetrics, compute_metrics, memory_error_metrics
+from .metrics import RunMetrics, compute_metrics, memory_error_metrics, realised_offered_tps
 from .profile import GpuProfile
 from .workload import (Adapter, ArrivalProcess, PoissonArrivals, Requests, generate_requests,
                        offered_token_rate)
@@ -124,9 +124,8 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
                       ) -> RunMetrics:
     """Replay a fixed request stream on one server; ``offered_tps`` defaults to the realised one."""
     if offered_tps is None and duration_s > 0:
-        win = requests.arrival_s < duration_s
-        offered_tps = float(requests.input_len[win].sum() + requests.output_len[win].sum()) \
-            / duration_s
+        offered_tps = realised_offered_tps(requests.arrival_s, requests.input_len,
+                                           requests.output_len, duration_s)
     run = run_kernel(profile, adapters, requests, config, duration_s)
     if run is None:
         return memory_error_metrics(duration_s, float(offered_tps or 0.0))

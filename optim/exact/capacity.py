@@ -296,7 +296,6 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
     if x_feature == "n":
         xs = [1] * len(ranks)
     else:
-        from surrogates.features import IDX
         M = adapter_feature_matrix(ranks, rates, inst.lengths)
         col = M[:, ADDITIVE.index(x_feature)]
         xs = [int(round(v)) if integral else int(round(v * 1_000_000)) for v in col]

@@ -22,7 +22,6 @@ bounds and where the capacity model came from.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Sequence
 
