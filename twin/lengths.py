@@ -181,6 +181,12 @@ def _exact_means(
         mean_out = float(np.dot(so, po) / po.sum())
     else:
         mean_out = float(np.dot(pi, _mean_min(so, po, max_total - si)) / (pi.sum() * po.sum()))
+    # a mean lies within the values it averages; summation rounding can push it out by an ulp
+    mean_in = min(max(mean_in, float(si[0])), float(si[-1]))
+    out_lo, out_hi = float(so[0]), float(so[-1])
+    if max_total is not None:
+        out_lo, out_hi = min(out_lo, max_total - float(si[-1])), min(out_hi, max_total - float(si[0]))
+    mean_out = min(max(mean_out, out_lo), out_hi)
     return mean_in, mean_out
 
 
