@@ -18,9 +18,14 @@ linear constraint ``sum_i load_i x_ig <= sum_{r,A,k} cap_load[r,A,k] * z[g,r,A,k
 (the tests check this), and ``lookup`` returns the piece of each row.
 
 Thresholds are fitted per piece by maximising accuracy on the training rows (ties go to the
-smaller, conservative cap), then made non-increasing in ``x`` within each (r, A) when
-``monotone=True`` (more adapters at the same load never makes a GPU easier to serve in the twin
-data; this removes noise). A query whose Amax is not on the grid, whose x lies outside the
+smaller, conservative cap). A piece none of whose rows starves is *censored*: its cap is only the
+largest load the data happened to try (the scenario generator rarely offers one or two adapters
+a heavy load), a lower bound of the true cap. With ``monotone=True`` (more adapters at the same
+load never makes a GPU easier to serve in the twin data) the caps are then made non-increasing
+in ``x`` within each (r, A): a running minimum over the uncensored pieces (removes noise), and a
+censored piece is raised to the cap of the piece after it, which the monotonicity guarantees
+(fewer adapters at the same load are never harder) — without this, one under-covered piece at
+``n = 1`` capped every larger count at its own small value. A query whose Amax is not on the grid, whose x lies outside the
 breakpoints, or whose piece has no training data is out of domain: ``predict_feasible`` raises
 ValueError, ``predict_with_flags`` flags it.
 """
@@ -82,6 +87,32 @@ def _best_threshold(load: np.ndarray, feasible: np.ndarray) -> float:
     return float(ls[j])
 
 
+def _monotone_caps(caps: list[tuple], min_rows: int) -> list[tuple]:
+    """Caps (cap, ratio, sat, n_rows, censored) per x-piece made non-increasing in x (module
+    docstring): a running minimum over uncensored pieces with data, then, from the largest x
+    down, a censored piece raised to the next piece's cap (never above the running minimum)."""
+    out = list(caps)
+    run = np.inf
+    bound = []
+    for k, (cap, ratio, sat, nr, cens) in enumerate(out):
+        has = nr >= min_rows
+        if has:
+            out[k] = (min(cap, run), ratio, sat, nr, cens)
+            if not cens:
+                run = min(run, cap)
+        bound.append(run)
+    nxt = None
+    for k in range(len(out) - 1, -1, -1):
+        cap, ratio, sat, nr, cens = out[k]
+        if nr < min_rows:
+            continue
+        if cens and nxt is not None and nxt > cap:
+            cap = min(nxt, bound[k])
+            out[k] = (cap, ratio, sat, nr, cens)
+        nxt = cap
+    return out
+
+
 class CapacityModel:
     """Piecewise-constant load cap per (max rank, Amax, x-interval); see module docstring."""
 
@@ -133,25 +164,17 @@ class CapacityModel:
                     sel = ((M[:, IDX["max_rank"]] == r) & (M[:, IDX["amax"]] == A) & (kidx == k))
                     nr = int(sel.sum())
                     if mem_err or nr < self.min_rows:
-                        caps.append((0.0, 1.0, 0.0, nr))
+                        caps.append((0.0, 1.0, 0.0, nr, False))
                         continue
                     cap = _best_threshold(load[sel], feasible[sel])
                     f = sel & feasible
                     ratio = float(np.median(ratio_all[f])) if f.any() else 1.0
                     inf = sel & ~feasible
                     sat = float(np.median(thr[inf])) if inf.any() else float(load[sel].max())
-                    caps.append((cap, ratio, sat, nr))
-                if self.monotone:
-                    # non-increasing cap in x over pieces with data (a running minimum)
-                    run = np.inf
-                    fixed = []
-                    for cap, ratio, sat, nr in caps:
-                        if nr >= self.min_rows and not mem_err:
-                            run = min(run, cap)
-                            cap = run
-                        fixed.append((cap, ratio, sat, nr))
-                    caps = fixed
-                for k, (cap, ratio, sat, nr) in enumerate(caps):
+                    caps.append((cap, ratio, sat, nr, not inf.any()))
+                if self.monotone and not mem_err:
+                    caps = _monotone_caps(caps, self.min_rows)
+                for k, (cap, ratio, sat, nr, _) in enumerate(caps):
                     pieces.append(Piece(int(r), int(A), self.x_feature, float(b[k]),
                                         float(b[k + 1]), float(cap), float(ratio), float(sat),
                                         bool(mem_err), nr))

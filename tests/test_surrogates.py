@@ -380,3 +380,18 @@ def test_capacity_arrays_match_pieces(tiny, kv):
         k = int(np.searchsorted(arr["breaks"], p.x_lo))
         assert arr["cap"][r, a, k] == p.cap_load
         assert arr["usable"][r, a, k] == (p.n_rows >= 1 and not p.memory_error)
+
+
+def test_monotone_caps_raise_censored_pieces():
+    """A piece whose rows never starve only shows the largest load tried: it must not cap every
+    larger adapter count (running minimum over uncensored pieces only), and it is raised to the
+    next piece's cap (fewer adapters at the same load are never harder)."""
+    from surrogates.encodable import _monotone_caps
+    caps = [(2700.0, 1, 0, 20, True),      # n=1: censored at the largest load tried
+            (9000.0, 1, 0, 20, False),     # n in [2, 4)
+            (9500.0, 1, 0, 20, False),     # noise above the previous uncensored cap
+            (0.0, 1, 0, 0, False),         # no data: untouched
+            (5000.0, 1, 0, 20, False)]
+    out = [c[0] for c in _monotone_caps(caps, min_rows=3)]
+    assert out == [9000.0, 9000.0, 9000.0, 0.0, 5000.0]
+    assert all(a >= b for a, b in zip(out[:3], out[1:3]))
