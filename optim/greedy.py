@@ -27,6 +27,11 @@ spreads the adapters over every available GPU, largest load first onto the least
 a rank-compatible kind, and keeps that placement if the surrogate accepts every GPU; otherwise the
 result is ``over_pool`` (more GPUs than the pool has).
 
+Surrogate. By default greedy packs with the fast (distilled) surrogate, its most accurate
+model. ``surrogate="capacity"`` packs with the encodable capacity model instead — exactly the
+model the MILP / CP-SAT methods encode, so that greedy and exact optima can be compared on the
+same ground (the optimality-gap study does; DESIGN.md section 5).
+
 Repair. With verification on, every GPU is replayed in the fleet twin. A GPU the twin rejects
 loses the adapters at the end of its list (bisection on the prefix length, each candidate checked
 by the twin), and the removed adapters are placed by the same greedy fill on new GPUs, whose
@@ -69,6 +74,35 @@ def load_fast_model(profile: str):
                              f"(expected {stem}.json); run `python -m surrogates train`")
         _FAST_CACHE[profile] = FastModel.load(stem)
     return _FAST_CACHE[profile]
+
+
+class CapacitySurrogate:
+    """The encodable capacity model behind the fast model's ``predict_unchecked`` interface
+    (out-of-domain rows count as starved)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def predict_unchecked(self, M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        thr, feasible, ood = self.model.predict_with_flags(M)
+        return thr, ~(feasible & ~ood)
+
+
+SURROGATES = ("fast", "capacity")
+
+
+def load_surrogate(profile: str, kind: str = "fast"):
+    """The packing surrogate of a profile: ``fast`` or ``capacity`` (module docstring)."""
+    if kind == "fast":
+        return load_fast_model(profile)
+    if kind == "capacity":
+        from .exact.capacity import load_capacity_model
+        model = load_capacity_model(profile)
+        if model is None:
+            raise ValueError(f"greedy: no trained capacity model for profile '{profile}'; "
+                             "run `python -m surrogates train`")
+        return CapacitySurrogate(model)
+    raise ValueError(f"greedy: surrogate must be one of {SURROGATES}, got {kind!r}")
 
 
 def amax_candidates() -> np.ndarray:
@@ -224,15 +258,15 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
 
 
 def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
-                 pool: dict[str, int] | None = None) -> tuple[list[GpuPlan], bool, list[str]]:
-    """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's).
-
-    Returns (plans, over_pool, notes)."""
+                 pool: dict[str, int] | None = None, surrogate: str = "fast"
+                 ) -> tuple[list[GpuPlan], bool, list[str]]:
+    """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's)
+    with the ``surrogate`` packing model. Returns (plans, over_pool, notes)."""
     from surrogates.features import IDX, adapter_feature_matrix
 
     types = {t.name: t for t in inst.gpu_types}
     pool = dict(pool) if pool is not None else {t.name: t.count for t in inst.gpu_types}
-    models = {name: load_fast_model(t.profile) for name, t in types.items()}
+    models = {name: load_surrogate(t.profile, surrogate) for name, t in types.items()}
     amaxes = {name: amax_candidates() for name in models}
     phi_all = adapter_feature_matrix([a.rank for a in adapters], [a.rate for a in adapters],
                                      inst.lengths)
@@ -295,7 +329,7 @@ def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int,
 
 
 def repair(inst: Instance, placement: Placement, objective: str, duration_s: float,
-           max_rounds: int = 20) -> Placement:
+           max_rounds: int = 20, surrogate: str = "fast") -> Placement:
     """Make every GPU twin-accepted (see module docstring); returns the repaired placement."""
     from .verify import verify
     p = verify(placement, inst, duration_s=duration_s)
@@ -338,7 +372,8 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
         for plan in kept:
             used[plan.gpu_type] = used.get(plan.gpu_type, 0) + 1
         pool = {t.name: max(t.count - used.get(t.name, 0), 0) for t in inst.gpu_types}
-        new, over, _ = greedy_plans(inst, evicted, objective, pool) if evicted else ([], False, [])
+        new, over, _ = (greedy_plans(inst, evicted, objective, pool, surrogate) if evicted
+                        else ([], False, []))
         if new:
             changes.append(f"opened {len(new)} GPU(s) for the moved adapters")
         status = "over_pool" if (over or p.status == "over_pool") else "solved"
@@ -349,20 +384,28 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
 
 # ----------------------------------------------------------------------------- method entry
 def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
-    """Registered method ``greedy`` (``opts.extra['repair']`` defaults to True)."""
+    """Registered method ``greedy``; ``opts.extra``: ``repair`` (set by ``solve`` when
+    verifying), ``surrogate`` (``fast`` default, or ``capacity``)."""
     t0 = time.perf_counter()
+    surrogate = opts.extra.get("surrogate", "fast")
+    if surrogate not in SURROGATES:
+        raise ValueError(f"greedy: option 'surrogate' must be one of {SURROGATES}, "
+                         f"got {surrogate!r}")
     try:
-        plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name)
+        plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name,
+                                               surrogate=surrogate)
     except ValueError as e:       # an adapter no GPU type can serve, per the surrogate
         return Placement(inst.name, "greedy", "failed", wall_time_s=time.perf_counter() - t0,
                          notes=(str(e),))
     wall = time.perf_counter() - t0
     place = Placement(inst.name, "greedy", "over_pool" if over_pool else "solved",
                       tuple(plans), wall_time_s=wall, notes=tuple(notes),
-                      params={"test_points": list(TEST_POINTS), "placement_wall_s": wall})
+                      params={"test_points": list(TEST_POINTS), "placement_wall_s": wall,
+                              "surrogate": surrogate})
     if opts.extra.get("repair", False):
         dur = opts.extra.get("duration_s")
-        place = repair(inst, place, obj.name, float(dur if dur is not None else inst.duration_s))
+        place = repair(inst, place, obj.name, float(dur if dur is not None else inst.duration_s),
+                       surrogate=surrogate)
     return place
 
 

@@ -11,7 +11,7 @@ import pytest
 from optim.exact.brute import brute_force
 from optim.exact.cpsat import solve_cpsat
 from optim.exact.milp import solve_milp
-from optim.exact.problem import Cut
+from optim.exact.problem import CapacityCut, Config, Cut
 from tests.exact_helpers import bin_packing, random_problem
 
 SOLVERS = (solve_milp, solve_cpsat)
@@ -112,6 +112,38 @@ def test_warm_start_and_cuts():
         assert _solve(fn, Pc).objective == bf[0] == 3
 
 
+def test_capacity_cut_splits_and_tightens_pieces():
+    cfgs = (Config(8, 8, 0, 10, 100), Config(8, 8, 11, 20, 90), Config(8, 16, 0, 20, 100),
+            Config(16, 8, 0, 20, 100), Config(8, 8, 21, 30, 40),
+            Config(8, 8, 21, 30, 100, load_lo=70))
+    out = CapacityCut(0, 8, 8, x=5, load=60).apply(cfgs)
+    # split at x=5, lowered above it, other (rank, Amax) untouched, an emptied latency piece
+    # (load_lo 70 > new cap 59) dropped
+    assert out == (Config(8, 8, 0, 4, 100), Config(8, 8, 5, 10, 59), Config(8, 8, 11, 20, 59),
+                   Config(8, 16, 0, 20, 100), Config(16, 8, 0, 20, 100), Config(8, 8, 21, 30, 40))
+    # a cut above every capacity changes nothing
+    assert CapacityCut(0, 8, 8, x=0, load=500).apply(cfgs) == cfgs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_capacity_cuts_agree_with_brute_force(seed):
+    """After tightening (a cut at the heaviest pair of adapters), both models still agree with
+    enumeration, and no solution uses a tightened piece above the cut load."""
+    P = random_problem(seed, "gpus")
+    top = sorted(range(P.n), key=lambda i: -P.loads[i])[:2]
+    c0 = P.types[0].configs[0]
+    cut = CapacityCut(0, c0.rank, c0.amax, sum(P.xs[i] for i in top),
+                      sum(P.loads[i] for i in top))
+    Pc = P.with_capacity_cuts([cut])
+    bf = brute_force(Pc)
+    for fn in SOLVERS:
+        r = _solve(fn, Pc)
+        if bf is None:
+            assert r.status == "infeasible"
+        else:
+            assert r.objective == pytest.approx(bf[0])
+
+
 # ------------------------------------------------------------------ instances
 def _const_instance(tmp_path, weights_tps, cap, count, extra=None):
     from optim.instance import load_instance
@@ -208,11 +240,14 @@ def test_twin_loop_cuts_until_accepted(tmp_path):
     twin, cuts are added and the final placement is accepted."""
     from optim.exact.loop import solve_exact
     inst = _const_instance(tmp_path, [7000, 7000, 7000, 7000], 40000, 4)
-    p = solve_exact(inst, "gpus", solver="cpsat", verify=True, duration_s=30, workers=1,
-                    warm_start=False, cut_mode="superset", bounds=False, time_limit_s=30)
-    its = p.params["iterations"]
-    assert its[0]["verdict"] == "rejected" and len(its) >= 2
-    assert p.verdict == "accepted" and p.params["n_cuts"] >= 1
+    for mode in ("superset", "capacity"):
+        p = solve_exact(inst, "gpus", solver="cpsat", verify=True, duration_s=30, workers=1,
+                        warm_start=False, cut_mode=mode, bounds=False, time_limit_s=30)
+        its = p.params["iterations"]
+        assert its[0]["verdict"] == "rejected" and len(its) >= 2, mode
+        assert p.verdict == "accepted" and p.params["n_cuts"] >= 1, mode
+    # capacity cuts lowered the constant capacity below the rejected load
+    assert all(c["load_tps"] <= 40000 for c in p.params["capacity_cuts"])
 
 
 def test_cli_solve_registered(tmp_path, capsys):

@@ -8,11 +8,19 @@
    ``maxbase``) when it satisfies the model (optional: ``warm_start=False``);
 3. solves (MILP or CP-SAT) within the time limit;
 4. with ``verify``, replays every GPU in the fleet twin (``optim.verify``, window
-   ``duration_s``, default the instance's); for every GPU that starves or fails memory, adds a
-   ``Cut`` forbidding that adapter set (``cut_mode="exact"``) or any superset of it
-   (``cut_mode="superset"``) on any GPU of that type with that (rank, Amax), and re-solves —
-   until the twin accepts, the iteration limit (``instance.solver.max_repair_iterations``,
-   default 10) or the time limit is reached. Every iteration is reported in ``params``.
+   ``duration_s``, default the instance's); for every GPU that starves or fails memory it cuts
+   and re-solves — until the twin accepts, the iteration limit
+   (``instance.solver.max_repair_iterations``, default 10) or the time limit is reached. Every
+   iteration is reported in ``params``. Cuts (``cut_mode``):
+
+   * ``"capacity"`` (default): the rejected adapter set is also replayed under every other
+     (rank, Amax) configuration the model admits it with, and each configuration the twin
+     rejects gets a ``CapacityCut`` — its capacity pieces are lowered below the set's load from
+     the set's adapter count on (``problem`` module docstring). One iteration thus corrects the
+     surrogate wherever the twin disagrees with it for that set, instead of trying Amax values
+     one solve at a time;
+   * ``"exact"`` / ``"superset"``: a ``Cut`` forbidding that adapter set (or any superset of it)
+     on any GPU of that type with that (rank, Amax).
 
 The returned ``Placement`` has status ``optimal`` (proven optimal for the model with the cuts
 added so far), ``solved`` (feasible, with ``best_bound``), ``infeasible`` or ``failed``; its
@@ -30,10 +38,11 @@ from ..placement import GpuMetrics, Placement, plan_gpu
 from .bounds import infeasible_adapters, lower_bounds
 from .capacity import build_problem
 from .common import SolveResult
-from .problem import Cut, PackingProblem
+from .problem import CapacityCut, Cut, PackingProblem
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_MAX_ITERATIONS = 10
+CUT_MODES = ("capacity", "exact", "superset")
 
 
 def heuristic_solution(inst: Instance, objective, P: PackingProblem
@@ -88,11 +97,53 @@ def to_placement(inst: Instance, P: PackingProblem, r: SolveResult, method: str)
     return Placement(inst.name, method, status, tuple(plans), best_bound=r.bound)
 
 
+def capacity_cuts(inst: Instance, P: PackingProblem,
+                  rejected: Sequence[tuple[int, int, int, Sequence[int]]],
+                  duration_s: float | None, workers: int | None) -> list[CapacityCut]:
+    """Capacity cuts for GPUs the twin rejected, given as (type index, rank, Amax, adapters):
+    the rejected configuration, plus every other (rank, Amax) configuration admitting the set
+    that the twin also rejects (all replays run in parallel)."""
+    from twin.fleet import GpuAssignment, simulate_fleet
+
+    from ..placement import plan_gpu
+    out: list[CapacityCut] = []
+    probes: list[tuple[int, int, int, Sequence[int]]] = []
+    for t, rank, amax, items in rejected:
+        out.append(_cut_for(P, t, rank, amax, items))
+        cf = P.types[t].configs
+        seen = {(rank, amax)}
+        for p in P.configs_admitting(t, items):
+            key = (cf[p].rank, cf[p].amax)
+            if key not in seen:
+                seen.add(key)
+                probes.append((t, *key, items))
+    if not probes:
+        return out
+    jobs = []
+    for t, rank, amax, items in probes:
+        gt = inst.gpu_types[t]
+        plan = plan_gpu(gt.name, gt.profile, amax, [(inst.adapters[i], 1.0) for i in items],
+                        inst.mean_tokens, max_lora_rank=rank)
+        jobs.append(GpuAssignment(plan.profile, plan.server_config(inst.starvation_threshold),
+                                  plan.adapters))
+    res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
+                         lengths=inst.lengths, seed=inst.seed, workers=workers)
+    for (t, rank, amax, items), m in zip(probes, res.per_gpu):
+        if m.starved or m.memory_error:
+            out.append(_cut_for(P, t, rank, amax, items))
+    return out
+
+
+def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence[int]) -> CapacityCut:
+    return CapacityCut(t, rank, amax, sum(P.xs[i] for i in items),
+                       sum(P.loads[i] for i in items))
+
+
 def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 time_limit_s: float | None = None, threads: int | None = None,
                 warm_start: bool = True, verify: bool = True, duration_s: float | None = None,
                 workers: int | None = None, max_iterations: int | None = None,
-                cut_mode: str = "exact", models: dict[str, Any] | None = None,
+                cut_mode: str = "capacity", models: dict[str, Any] | None = None,
                 problem: PackingProblem | None = None, bounds: bool = True,
                 method_name: str | None = None) -> Placement:
     """Exact placement with the twin in the loop (module docstring)."""
@@ -103,8 +154,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
 
     if solver not in ("milp", "cpsat"):
         raise ValueError(f"solver: must be 'milp' or 'cpsat', got {solver!r}")
-    if cut_mode not in ("exact", "superset"):
-        raise ValueError(f"cut_mode: must be 'exact' or 'superset', got {cut_mode!r}")
+    if cut_mode not in CUT_MODES:
+        raise ValueError(f"cut_mode: must be one of {CUT_MODES}, got {cut_mode!r}")
     method = method_name or solver
     obj = objective if objective is not None and not isinstance(objective, str) \
         else make_objective(inst, objective)
@@ -133,18 +184,19 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         params["warm_start_method"] = hname
     iterations = []
     cuts: list[Cut] = []
+    cap_cuts: list[CapacityCut] = []
     placement = None
     r = None
     for it in range(max_it + 1):
         left = tl - (time.perf_counter() - t_start)
         if left <= 0.5 and r is not None:
             break
-        Pc = P.with_cuts(cuts)
+        Pc = P.with_cuts(cuts).with_capacity_cuts(cap_cuts)
         fn = solve_milp if solver == "milp" else solve_cpsat
         r = fn(Pc, time_limit_s=max(1.0, left), threads=threads, warm_start=start)
         rec = {"iteration": it, "status": r.status, "objective": r.objective, "bound": r.bound,
                "gap": r.gap, "solve_time_s": round(r.solve_time_s, 3),
-               "warm_start_used": r.warm_start_used, "cuts": len(cuts),
+               "warm_start_used": r.warm_start_used, "cuts": len(cuts) + len(cap_cuts),
                "termination": r.details.get("termination")}
         if r.status in ("infeasible", "unknown"):
             iterations.append(rec)
@@ -163,16 +215,26 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             break
         tix = {t.name: k for k, t in enumerate(P.types)}
         idx = {a: i for i, a in enumerate(P.ids)}
-        for g in bad_gpus:
-            cuts.append(Cut(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
-                            frozenset(idx[a.id] for a, _ in g.adapters),
-                            superset=cut_mode == "superset"))
+        if cut_mode == "capacity":
+            new = capacity_cuts(inst, Pc, [(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
+                                            [idx[a.id] for a, _ in g.adapters])
+                                           for g in bad_gpus], duration_s, workers)
+            cap_cuts += new
+            rec["new_cuts"] = len(new)
+        else:
+            for g in bad_gpus:
+                cuts.append(Cut(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
+                                frozenset(idx[a.id] for a, _ in g.adapters),
+                                superset=cut_mode == "superset"))
         start = None            # the previous solution violates the new cuts
     assert r is not None and placement is not None
     params.update({"status": r.status, "objective": r.objective, "best_bound": r.bound,
                    "gap": r.gap, "solve_time_s": sum(x["solve_time_s"] for x in iterations),
                    "iterations": iterations, "n_iterations": len(iterations),
-                   "n_cuts": len(cuts), "threads": threads,
+                   "n_cuts": len(cuts) + len(cap_cuts), "threads": threads,
+                   "capacity_cuts": [{"type": P.types[c.type_index].name, "rank": c.rank,
+                                      "amax": c.amax, "x": c.x, "load_tps": c.load / 1000.0}
+                                     for c in cap_cuts],
                    "wall_s": time.perf_counter() - t_start})
     notes = list(placement.notes)
     if r.status == "infeasible":

@@ -25,6 +25,18 @@ likewise; the piece interval ``[x_lo, x_hi)`` becomes ``[ceil(x_lo*s), ceil(x_hi
 **Cuts.** A ``Cut`` (from the twin loop) forbids a set ``S`` of adapters on any GPU of one type
 configured with (rank ``r``, Amax ``A``): exactly ``S`` (``superset=False``) or any superset of
 ``S`` (``superset=True``, valid when adding adapters never makes a GPU easier to serve).
+
+**Capacity cuts.** A ``CapacityCut`` (the twin loop's default) tightens the surrogate instead:
+the twin saw a GPU of type ``t`` configured with (``r``, ``A``) starve at feature value ``x*``
+and load ``L*``. The capacity model states that, within a piece, feasibility is monotone in the
+load (feasible iff load <= cap) and, being made non-increasing in ``x``, that more adapters never
+help; so every configuration of ``t`` with (``r``, ``A``) gets
+
+    cap_p <- min(cap_p, L* - 1)   for the part of its interval with x >= x*
+
+(a piece that straddles ``x*`` is split at ``x*``). This forbids the starving set, all its
+supersets and every other set at least as heavy on those pieces: a correction of the surrogate's
+threshold by twin evidence, not a new approximation.
 """
 
 from __future__ import annotations
@@ -87,6 +99,33 @@ class Cut:
             return False
         s = set(items)
         return self.adapters <= s if self.superset else self.adapters == s
+
+
+@dataclass(frozen=True)
+class CapacityCut:
+    """Twin evidence that type ``type_index`` with (``rank``, ``amax``) starves at feature value
+    ``x`` and integer load ``load`` (see the module docstring)."""
+
+    type_index: int
+    rank: int
+    amax: int
+    x: int
+    load: int
+
+    def apply(self, configs: Sequence[Config]) -> tuple[Config, ...]:
+        """The configurations of the cut's type after tightening (order kept; emptied pieces
+        dropped)."""
+        out: list[Config] = []
+        cap = self.load - 1
+        for c in configs:
+            if c.rank != self.rank or c.amax != self.amax or c.x_hi < self.x or c.cap <= cap:
+                out.append(c)
+                continue
+            if c.x_lo < self.x:
+                out.append(replace(c, x_hi=self.x - 1))
+            if cap >= c.load_lo:
+                out.append(replace(c, x_lo=max(c.x_lo, self.x), cap=cap))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -154,6 +193,14 @@ class PackingProblem:
 
     def with_cuts(self, cuts: Sequence[Cut]) -> "PackingProblem":
         return replace(self, cuts=self.cuts + tuple(cuts))
+
+    def with_capacity_cuts(self, cuts: Sequence[CapacityCut]) -> "PackingProblem":
+        """The problem with its configurations tightened by ``cuts`` (module docstring)."""
+        types = list(self.types)
+        for cut in cuts:
+            t = types[cut.type_index]
+            types[cut.type_index] = replace(t, configs=cut.apply(t.configs))
+        return replace(self, types=tuple(types))
 
     def with_objective(self, objective: str, gpu_budget: int | None = None) -> "PackingProblem":
         return replace(self, objective=objective,

@@ -5,7 +5,7 @@
 available heuristic: ``greedy`` when registered, else ``maxbase``.
 
 Method options (``MethodOptions.extra``): ``threads``, ``warm_start`` (bool), ``cut_mode``
-(``exact`` / ``superset``), ``max_iterations``, and the verification settings that
+(``capacity`` (default) / ``exact`` / ``superset``), ``max_iterations``, and the verification settings that
 ``optim.methods.solve`` passes down (``verify``, ``duration_s``, ``workers``).
 """
 
@@ -27,7 +27,7 @@ def _run(solver: str, name: str):
                            threads=ex.get("threads"), warm_start=ex.get("warm_start", True),
                            verify=ex.get("verify", False), duration_s=ex.get("duration_s"),
                            workers=ex.get("workers"), max_iterations=ex.get("max_iterations"),
-                           cut_mode=ex.get("cut_mode", "exact"), method_name=name)
+                           cut_mode=ex.get("cut_mode", "capacity"), method_name=name)
     return fn
 
 
