@@ -41,6 +41,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from twin.metrics import is_starved
+
 from .features import FEATURES, RANK_CLASSES, gpu_features
 
 SCHEMA_VERSION = 1
@@ -292,6 +294,11 @@ def load_dataset(path: str | os.PathLike) -> pd.DataFrame:
     if not frames:
         raise ValueError(f"data: no dataset at {path}")
     df = pd.concat(frames, ignore_index=True)
+    # the starvation label follows the twin's current rule, from the stored measurements (a
+    # rule change needs no rebuild; rows are built with the default threshold; a server that
+    # cannot start counts as starved, as the twin reports it)
+    df["starved"] = is_starved(df["throughput_tps"].to_numpy(),
+                               df["offered_realised_tps"].to_numpy()) | df["memory_error"].astype(bool)
     df = df.drop_duplicates(["scenario_id", "amax"], keep="first")
     df = df.sort_values(["scenario_id", "amax"]).reset_index(drop=True)
     df.attrs["meta"] = meta or {}

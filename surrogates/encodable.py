@@ -18,8 +18,8 @@ linear constraint ``sum_i load_i x_ig <= sum_{r,A,k} cap_load[r,A,k] * z[g,r,A,k
 (the tests check this), and ``lookup`` returns the piece of each row.
 
 Thresholds are fitted per piece by maximising accuracy on the training rows (ties go to the
-smaller, conservative cap). A piece none of whose rows starves is *censored*: its cap is only the
-largest load the data happened to try (the scenario generator rarely offers one or two adapters
+smaller, conservative cap). A piece without a starving row above its cap is *censored*: its cap
+is only the largest load the data happened to try (the scenario generator rarely offers one or two adapters
 a heavy load), a lower bound of the true cap. With ``monotone=True`` (more adapters at the same
 load never makes a GPU easier to serve in the twin data) the caps are then made non-increasing
 in ``x`` within each (r, A): a running minimum over the uncensored pieces (removes noise), and a
@@ -171,7 +171,8 @@ class CapacityModel:
                     ratio = float(np.median(ratio_all[f])) if f.any() else 1.0
                     inf = sel & ~feasible
                     sat = float(np.median(thr[inf])) if inf.any() else float(load[sel].max())
-                    caps.append((cap, ratio, sat, nr, not inf.any()))
+                    censored = not (inf & (load > cap)).any()
+                    caps.append((cap, ratio, sat, nr, censored))
                 if self.monotone and not mem_err:
                     caps = _monotone_caps(caps, self.min_rows)
                 for k, (cap, ratio, sat, nr, _) in enumerate(caps):
