@@ -12,9 +12,11 @@ Filling. GPUs are opened one at a time and filled next-fit along that order. For
 additive features of every prefix of the remaining queue are prefix sums, so the fast surrogate
 evaluates a whole set of *testing points* (prefix sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, ... and
 the exact remaining count — the earlier version padded the last test by the committed count
-instead) against every Amax candidate in one call. The GPU takes the largest prefix before the
-first failing testing point, refined by bisection between the last passing and the first failing
-point; the untested adapters go back to the queue and the GPU closes with the Amax of highest
+instead) against every Amax candidate in one call. The GPU takes the largest passing testing
+point, refined by bisection up to the first failing point after it. (A surrogate need not be
+monotone in the prefix: a hot adapter may fail alone at the small Amax values a single adapter
+allows, yet pass among 16 adapters at Amax 32; stopping at the first failure would close such
+GPUs nearly empty.) the untested adapters go back to the queue and the GPU closes with the Amax of highest
 predicted throughput. Memory errors are exact (the profile's KV table inside the model).
 
 Heterogeneous pools. Each new GPU is filled once per GPU type that still has units; the type is
@@ -192,12 +194,11 @@ def fill_gpu(phi: np.ndarray, ranks: np.ndarray, start: int, model, amaxes: np.n
     points = sorted({k for k in TEST_POINTS if k <= kmax} | {kmax})
     evaluate(points)
     good, bad = 0, None
-    for k in points:
+    for k in points:                             # the largest passing testing point ...
         if cache[k][0]:
-            good = k
-        else:
-            bad = k
-            break
+            good, bad = k, None
+        elif bad is None:
+            bad = k                              # ... and the first failing one after it
     if bad is not None:                          # bisection between last pass and first fail
         lo, hi = good, bad
         while hi - lo > 1:
