@@ -100,6 +100,8 @@ def _maxbase(inst: Instance, objective: Objective, options: MethodOptions, half:
 
     bins: list[dict] = []          # {type, cap, load, adapters, rank}
     over = False
+    if options.n_gpus is not None:
+        return _maxbase_scaled_out(inst, objective, options.n_gpus, method, amax_of)
     for a in inst.adapters:
         load = inst.load_tps(a)
         placed = False
@@ -136,13 +138,49 @@ def _maxbase(inst: Instance, objective: Objective, options: MethodOptions, half:
     return _finish(inst, method, plans, over, {"amax_rule": "ceil(N/2)" if half else "N"})
 
 
+def _maxbase_scaled_out(inst: Instance, objective: Objective, n: int, method: str,
+                        amax_of) -> Placement:
+    """MaxBase's rule over exactly ``n`` GPUs: load is still the only packing criterion and every
+    adapter stays resident (Amax from ``amax_of``), but each adapter (instance order) goes to the
+    GPU with the least summed load among those of its rank-compatible types. What an operator
+    does when the backbone threshold starves: add GPUs and balance the load."""
+    if n < 1:
+        raise ValueError(f"{method}: option 'n_gpus' must be >= 1, got {n}")
+    fleet = fleet_types(inst, objective, n)
+    members: list[list[Adapter]] = [[] for _ in range(n)]
+    load = np.zeros(n)
+    for a in inst.adapters:
+        ok = [g for g, t in enumerate(fleet.types)
+              if a.rank in load_profile(t.profile).supported_ranks]
+        if not ok:
+            raise ValueError(f"{method}: adapter '{a.id}' (rank {a.rank}) fits no GPU type")
+        g = min(ok, key=lambda j: (load[j], j))
+        members[g].append(a)
+        load[g] += inst.load_tps(a)
+    plans = []
+    for t, mem, offered in zip(fleet.types, members, load):
+        if not mem:
+            continue
+        k = amax_of(len(mem))
+        cap = backbone_max_throughput(t.profile, inst.lengths)
+        rank = max(a.rank for a in mem)
+        plans.append(plan_gpu(t.name, t.profile, k, ((a, 1.0) for a in mem), inst.mean_tokens,
+                              predicted=_predicted(float(offered), cap,
+                                                   not _starts(t.profile, k, rank))))
+    return _finish(inst, method, plans, fleet.over_pool,
+                   {"amax_rule": "ceil(N/2)" if method == "maxbase-half" else "N",
+                    "n_gpus": n, "scaled_out": True})
+
+
 def maxbase(inst: Instance, objective: Objective, options: MethodOptions) -> Placement:
     """MaxBase: first fit in instance order; an adapter joins the first open GPU whose summed
     offered load stays ≤ the backbone's maximum throughput (``capacity.backbone_max_throughput``
     of its profile) — else a new GPU opens; every GPU runs with Amax = N (all its adapters get a
     slot). Source: the earlier study (arXiv 2602.24044). One guard is added: a GPU also closes
     when Amax = N would not start (no KV-capacity entry at (N, max rank)); without it MaxBase
-    configures servers that fail at start-up as soon as N exceeds the memory table."""
+    configures servers that fail at start-up as soon as N exceeds the memory table.
+    With ``options.n_gpus`` the same rule is scaled out over exactly that many GPUs
+    (``_maxbase_scaled_out``)."""
     return _maxbase(inst, objective, options, half=False)
 
 

@@ -58,6 +58,23 @@ def test_maxbase_memory_guard_and_half():
     assert h.n_gpus < p.n_gpus
 
 
+def test_maxbase_scaled_out_balances_load_with_all_adapters_resident():
+    inst = mixed(60)
+    own = solve(inst, "maxbase")
+    for half in (False, True):
+        name = "maxbase-half" if half else "maxbase"
+        p = solve(inst, name, options=MethodOptions(n_gpus=own.n_gpus + 2))
+        assert p.n_gpus == own.n_gpus + 2 and p.params["scaled_out"]
+        assert not shares_consistent(p.gpus, inst.adapters)
+        for g in p.gpus:
+            assert g.max_loras == (math.ceil(g.n_adapters / 2) if half else g.n_adapters)
+        loads = [g.offered_tps for g in p.gpus]
+        # least-loaded assignment: no GPU exceeds another by more than one adapter's load
+        assert max(loads) - min(loads) <= max(inst.load_tps(a) for a in inst.adapters) + 1e-6
+    with pytest.raises(ValueError, match="n_gpus"):
+        solve(inst, "maxbase", options=MethodOptions(n_gpus=0))
+
+
 def test_random_is_seeded_and_amax_in_range():
     inst = mixed(40)
     a = solve(inst, "random", options=MethodOptions(n_gpus=4, seed=7))
