@@ -260,3 +260,38 @@ def test_cli_solve_registered(tmp_path, capsys):
                "--objective", "cost"])
     out = capsys.readouterr().out
     assert rc == 0 and "status=optimal" in out and "gpus=1" in out, (tmp_path / "o.json").read_text()[:1500]
+
+
+def test_capacity_cut_loop_probes_other_configs(monkeypatch):
+    """The capacity cut loop replays a rejected set under every other admitted (rank, Amax) at
+    once (the same adapters on several what-if GPUs) and cuts each configuration the twin
+    rejects."""
+    from types import SimpleNamespace
+
+    import twin.fleet
+    from optim.exact.capacity import build_problem
+    from optim.exact.loop import capacity_cuts
+    from optim.instance import instance_from_dict
+    inst = instance_from_dict({
+        "name": "probe", "adapters": [{"id": f"a{i}", "rank": 8, "rate": 0.5} for i in range(24)],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 2}]})
+    P = build_problem(inst, "gpus")
+    items = list(range(P.n))
+    admitted = {(P.types[0].configs[p].rank, P.types[0].configs[p].amax)
+                for p in P.configs_admitting(0, items)}
+    assert len(admitted) >= 3
+    first = sorted(admitted)[0]
+    seen = []
+
+    def fake(jobs, check_routing=True, **kw):
+        assert not check_routing            # the same adapters appear on several probes
+        seen.extend((j.config.max_lora_rank, j.config.max_loras) for j in jobs)
+        starve = [j.config.max_loras % 16 == 0 for j in jobs]   # reject every Amax 16k
+        return SimpleNamespace(per_gpu=[SimpleNamespace(starved=s, memory_error=False)
+                                        for s in starve])
+    monkeypatch.setattr(twin.fleet, "simulate_fleet", fake)
+    cuts = capacity_cuts(inst, P, [(0, *first, items)], duration_s=30, workers=1)
+    assert set(seen) == admitted - {first}
+    assert (cuts[0].rank, cuts[0].amax) == first
+    assert cuts[0].load == sum(P.loads) and cuts[0].x == sum(P.xs)
+    assert {(c.rank, c.amax) for c in cuts[1:]} == {k for k in seen if k[1] % 16 == 0}
