@@ -23,6 +23,10 @@ Heterogeneous pools. Each new GPU is filled once per GPU type that still has uni
 chosen by the objective: ``gpus`` takes the type that absorbs the most load, ``cost`` the most
 load per dollar, ``latency`` the most load (then the latency objective only scores).
 
+Shrink. Next-fit in that order can leave a GPU's worth of slack spread over several GPUs (hot
+adapters late in the order); while the surrogate accepts the adapters spread load-balanced
+(largest first onto the least-loaded GPU) over one GPU fewer, greedy takes that spread.
+
 Pool exhausted. When the queue is not empty and no GPU is left, greedy does not declare the
 instance infeasible (the earlier version did, although a random placement could serve it): it
 spreads the adapters over every available GPU, largest load first onto the least-loaded GPU of
@@ -34,7 +38,9 @@ model. ``surrogate="capacity"`` packs with the encodable capacity model instead 
 model the MILP / CP-SAT methods encode, so that greedy and exact optima can be compared on the
 same ground (the optimality-gap study does; DESIGN.md section 5).
 
-Repair. With verification on, every GPU is replayed in the fleet twin. A GPU the twin rejects
+Repair. With verification on, every GPU is replayed in the fleet twin. When the twin rejects a
+GPU, the adapters are first spread load-balanced over the same GPUs (kept when the surrogate and
+the twin accept every GPU: next-fit leaves the last GPU light). Otherwise a GPU the twin rejects
 loses the adapters at the end of its list (bisection on the prefix length, each candidate checked
 by the twin), and the removed adapters are placed by the same greedy fill on new GPUs, whose
 twin verdicts are checked in turn, until the twin accepts every GPU. Each change is recorded in
@@ -227,10 +233,12 @@ def _choose(fills: dict[str, Fill], types: dict[str, GpuType], objective: str) -
 
 
 def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, object],
-            phi_all: np.ndarray, amaxes: np.ndarray) -> list[GpuPlan] | None:
-    """Every available GPU used; largest load first onto the least-loaded GPU; None unless the
-    surrogate accepts every GPU."""
-    slots = [t for t in inst.gpu_types for _ in range(t.count)]
+            phi_all: np.ndarray, amaxes: np.ndarray,
+            slots: Sequence[GpuType] | None = None) -> list[GpuPlan] | None:
+    """Every GPU of ``slots`` (default: every available GPU) used; largest load first onto the
+    least-loaded GPU; None unless the surrogate accepts every GPU."""
+    if slots is None:
+        slots = [t for t in inst.gpu_types for _ in range(t.count)]
     if not slots:
         return None
     loads = np.array([inst.load_tps(a) for a in adapters])
@@ -329,6 +337,49 @@ def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int,
     return None
 
 
+def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[GpuPlan], bool]:
+    """While the surrogate accepts the adapters spread (``_spread``) over the GPUs minus the last
+    one opened, take that spread. Next-fit in Maxpack order can leave a GPU's worth of slack
+    spread over several GPUs (a few hot adapters late in the order); returns (plans, shrunk)."""
+    from surrogates.features import adapter_feature_matrix
+    if len(plans) < 2:
+        return plans, False
+    types = {t.name: t for t in inst.gpu_types}
+    ads = list(inst.adapters)
+    models = {t.name: load_surrogate(t.profile, surrogate) for t in inst.gpu_types}
+    phi = adapter_feature_matrix([a.rank for a in ads], [a.rate for a in ads], inst.lengths)
+    amaxes = amax_candidates()
+    shrunk = False
+    while len(plans) >= 2:
+        cand = _spread(inst, ads, models, phi, amaxes, [types[g.gpu_type] for g in plans[:-1]])
+        if cand is None:
+            break
+        plans, shrunk = cand, True
+    return plans, shrunk
+
+
+def _rebalanced(inst: Instance, p: Placement, surrogate: str, amaxes: np.ndarray,
+                duration_s: float) -> Placement | None:
+    """The placement's adapters spread over the same GPUs (``_spread``) when the surrogate and
+    then the twin accept it, else None. Next-fit fills GPUs to the brim and leaves the last one
+    light; a twin rejection near capacity is often cured by balancing, without a new GPU."""
+    from surrogates.features import adapter_feature_matrix
+
+    from .verify import verify
+    if len(p.gpus) < 2:
+        return None
+    types = {t.name: t for t in inst.gpu_types}
+    slots = [types[g.gpu_type] for g in p.gpus]
+    ads = list(inst.adapters)
+    models = {t.name: load_surrogate(t.profile, surrogate) for t in slots}
+    phi = adapter_feature_matrix([a.rank for a in ads], [a.rate for a in ads], inst.lengths)
+    plans = _spread(inst, ads, models, phi, amaxes, slots)
+    if plans is None:
+        return None
+    cand = verify(p.with_(gpus=tuple(plans)), inst, duration_s=duration_s)
+    return cand if cand.verdict == "accepted" else None
+
+
 def repair(inst: Instance, placement: Placement, objective: str, duration_s: float,
            max_rounds: int = 20, surrogate: str = "fast") -> Placement:
     """Make every GPU twin-accepted (see module docstring); returns the repaired placement."""
@@ -339,6 +390,12 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
     rounds = 0
     while p.verdict == "rejected" and rounds < max_rounds:
         rounds += 1
+        balanced = _rebalanced(inst, p, surrogate, amaxes, duration_s)
+        if balanced is not None:
+            changes.append(f"rebalanced the load over the same {balanced.n_gpus} GPU(s) "
+                           "(largest load first onto the least-loaded GPU)")
+            p = balanced
+            break
         kept: list[GpuPlan] = []
         evicted: list[Adapter] = []
         for g, plan in enumerate(p.gpus):
@@ -395,6 +452,12 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     try:
         plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name,
                                                surrogate=surrogate)
+        if not over_pool:
+            opened = len(plans)
+            plans, shrunk = _shrink(inst, plans, surrogate)
+            if shrunk:
+                notes = notes + [f"a load-balanced spread over {len(plans)} GPUs (next-fit "
+                                 f"opened {opened}) is predicted feasible"]
     except ValueError as e:       # an adapter no GPU type can serve, per the surrogate
         return Placement(inst.name, "greedy", "failed", wall_time_s=time.perf_counter() - t0,
                          notes=(str(e),))

@@ -117,10 +117,12 @@ def test_capacity_cut_splits_and_tightens_pieces():
             Config(16, 8, 0, 20, 100), Config(8, 8, 21, 30, 40),
             Config(8, 8, 21, 30, 100, load_lo=70))
     out = CapacityCut(0, 8, 8, x=5, load=60).apply(cfgs)
-    # split at x=5, lowered above it, other (rank, Amax) untouched, an emptied latency piece
-    # (load_lo 70 > new cap 59) dropped
-    assert out == (Config(8, 8, 0, 4, 100), Config(8, 8, 5, 10, 59), Config(8, 8, 11, 20, 59),
+    # the piece holding x=5 and those above lowered, other (rank, Amax) untouched, a cap already
+    # below kept, an emptied latency piece (load_lo 70 > new cap 59) dropped
+    assert out == (Config(8, 8, 0, 10, 59), Config(8, 8, 11, 20, 59),
                    Config(8, 16, 0, 20, 100), Config(16, 8, 0, 20, 100), Config(8, 8, 21, 30, 40))
+    # pieces wholly below x are untouched
+    assert CapacityCut(0, 8, 8, x=15, load=60).apply(cfgs)[0] == cfgs[0]
     # a cut above every capacity changes nothing
     assert CapacityCut(0, 8, 8, x=0, load=500).apply(cfgs) == cfgs
 
@@ -287,11 +289,14 @@ def test_capacity_cut_loop_probes_other_configs(monkeypatch):
         assert not check_routing            # the same adapters appear on several probes
         seen.extend((j.config.max_lora_rank, j.config.max_loras) for j in jobs)
         starve = [j.config.max_loras % 16 == 0 for j in jobs]   # reject every Amax 16k
-        return SimpleNamespace(per_gpu=[SimpleNamespace(starved=s, memory_error=False)
+        return SimpleNamespace(per_gpu=[SimpleNamespace(starved=s, memory_error=False,
+                                                        throughput_tps=4500.0)
                                         for s in starve])
     monkeypatch.setattr(twin.fleet, "simulate_fleet", fake)
-    cuts = capacity_cuts(inst, P, [(0, *first, items)], duration_s=30, workers=1)
+    cuts = capacity_cuts(inst, P, [(0, *first, items, None)], duration_s=30, workers=1)
     assert set(seen) == admitted - {first}
     assert (cuts[0].rank, cuts[0].amax) == first
-    assert cuts[0].load == sum(P.loads) and cuts[0].x == sum(P.xs)
+    assert cuts[0].load == sum(P.loads) and cuts[0].x == sum(P.xs)   # no throughput given
     assert {(c.rank, c.amax) for c in cuts[1:]} == {k for k in seen if k[1] % 16 == 0}
+    # probes are cut at the twin's throughput / threshold (4500 / 0.9 tok/s) when below L*
+    assert all(c.load == min(sum(P.loads), 5_000_000) for c in cuts[1:])

@@ -106,3 +106,34 @@ def test_deterministic(cap):
     a = G.greedy_plans(inst, inst.adapters, "gpus")[0]
     b = G.greedy_plans(inst, inst.adapters, "gpus")[0]
     assert [[x.id for x, _ in p.adapters] for p in a] == [[x.id for x, _ in p.adapters] for p in b]
+
+
+def test_shrink_takes_a_balanced_spread_over_fewer_gpus(cap):
+    cap(100.0)
+    # next-fit along the zigzag order opens 3 GPUs in a pool of 8; balanced, 2 suffice
+    inst = make_inst([50, 50, 30, 30, 20, 20], gpus=8)
+    plans, over, _ = G.greedy_plans(inst, inst.adapters, "gpus")
+    assert len(plans) == 3 and not over
+    from optim.methods import solve
+    p = solve(inst, "greedy", verify=False)
+    assert p.n_gpus == 2 and any("spread over 2 GPUs" in n for n in p.notes)
+    assert all(g.offered_tps <= 100.0 + 1e-6 for g in p.gpus)
+
+
+class NonMonotone:
+    """A hot adapter fails alone (too few adapters for the Amax values it may use) but passes
+    among others: feasible iff load <= 100 and (n >= 4 or load <= 40)."""
+
+    def predict_unchecked(self, M):
+        load, n = M[:, IDX["load"]], M[:, IDX["n"]]
+        ok = (load <= 100.0 + 1e-9) & ((n >= 4) | (load <= 40.0 + 1e-9))
+        return np.minimum(load, 100.0), ~ok
+
+
+def test_fill_takes_the_largest_passing_testing_point(monkeypatch):
+    monkeypatch.setattr(G, "load_fast_model", lambda profile: NonMonotone())
+    inst = make_inst([60, 10, 10, 10, 10, 10, 10])
+    plans, over, _ = G.greedy_plans(inst, inst.adapters, "gpus")
+    # prefixes of 1-3 adapters fail (the hot one with fewer than 4), 4 and 5 pass (load 90,
+    # 100), 6 fails (110): the GPU takes 5 adapters instead of giving up at the first point
+    assert plans[0].n_adapters == 5 and len(plans) == 2 and not over

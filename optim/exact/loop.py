@@ -38,7 +38,7 @@ from ..placement import GpuMetrics, Placement, plan_gpu
 from .bounds import infeasible_adapters, lower_bounds
 from .capacity import build_problem
 from .common import SolveResult
-from .problem import CapacityCut, Cut, PackingProblem
+from .problem import CapacityCut, Cut, PackingProblem, scale_load
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_MAX_ITERATIONS = 10
@@ -98,18 +98,19 @@ def to_placement(inst: Instance, P: PackingProblem, r: SolveResult, method: str)
 
 
 def capacity_cuts(inst: Instance, P: PackingProblem,
-                  rejected: Sequence[tuple[int, int, int, Sequence[int]]],
+                  rejected: Sequence[tuple[int, int, int, Sequence[int], float | None]],
                   duration_s: float | None, workers: int | None) -> list[CapacityCut]:
-    """Capacity cuts for GPUs the twin rejected, given as (type index, rank, Amax, adapters):
-    the rejected configuration, plus every other (rank, Amax) configuration admitting the set
-    that the twin also rejects (all replays run in parallel)."""
+    """Capacity cuts for GPUs the twin rejected, given as (type index, rank, Amax, adapters,
+    twin throughput or None): the rejected configuration, plus every other (rank, Amax)
+    configuration admitting the set that the twin also rejects (all replays in parallel)."""
     from twin.fleet import GpuAssignment, simulate_fleet
 
     from ..placement import plan_gpu
+    theta = inst.starvation_threshold
     out: list[CapacityCut] = []
     probes: list[tuple[int, int, int, Sequence[int]]] = []
-    for t, rank, amax, items in rejected:
-        out.append(_cut_for(P, t, rank, amax, items))
+    for t, rank, amax, items, served in rejected:
+        out.append(_cut_for(P, t, rank, amax, items, served, theta))
         cf = P.types[t].configs
         seen = {(rank, amax)}
         for p in P.configs_admitting(t, items):
@@ -124,20 +125,24 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
         gt = inst.gpu_types[t]
         plan = plan_gpu(gt.name, gt.profile, amax, [(inst.adapters[i], 1.0) for i in items],
                         inst.mean_tokens, max_lora_rank=rank)
-        jobs.append(GpuAssignment(plan.profile, plan.server_config(inst.starvation_threshold),
-                                  plan.adapters))
+        jobs.append(GpuAssignment(plan.profile, plan.server_config(theta), plan.adapters))
     res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
                          lengths=inst.lengths, seed=inst.seed, workers=workers,
                          check_routing=False)
     for (t, rank, amax, items), m in zip(probes, res.per_gpu):
         if m.starved or m.memory_error:
-            out.append(_cut_for(P, t, rank, amax, items))
+            out.append(_cut_for(P, t, rank, amax, items,
+                                0.0 if m.memory_error else m.throughput_tps, theta))
     return out
 
 
-def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence[int]) -> CapacityCut:
-    return CapacityCut(t, rank, amax, sum(P.xs[i] for i in items),
-                       sum(P.loads[i] for i in items))
+def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence[int],
+             served_tps: float | None, theta: float) -> CapacityCut:
+    """The cut at ``L_cut = min(L*, T*/theta)`` (``problem`` module docstring)."""
+    load = sum(P.loads[i] for i in items)
+    if served_tps is not None:
+        load = min(load, scale_load(served_tps / theta))
+    return CapacityCut(t, rank, amax, sum(P.xs[i] for i in items), load)
 
 
 def solve_exact(inst: Instance, objective=None, solver: str = "milp",
@@ -218,7 +223,9 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         idx = {a: i for i, a in enumerate(P.ids)}
         if cut_mode == "capacity":
             new = capacity_cuts(inst, Pc, [(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
-                                            [idx[a.id] for a, _ in g.adapters])
+                                            [idx[a.id] for a, _ in g.adapters],
+                                            0.0 if g.verified.memory_error
+                                            else g.verified.throughput_tps)
                                            for g in bad_gpus], duration_s, workers)
             cap_cuts += new
             rec["new_cuts"] = len(new)
