@@ -86,12 +86,26 @@ def add_feature_interval(m, P, E, v: Vars) -> None:
 
 
 def add_capacity(m, P, E, v: Vars) -> None:
-    """sum_p llo_p z[g,p] <= sum_i w_i x[i,g] <= sum_p cap_p z[g,p]."""
+    """sum_p llo_p z[g,p] <= sum_i w_i x[i,g] <= sum_p cap_p z[g,p]; the same per configuration
+    as half-reified constraints (z[g,p] => llo_p <= load_g <= cap_p, xlo_p <= x_g <= xhi_p),
+    which CP-SAT propagates far better than the sums; and the aggregate
+    sum_g sum_p cap_p z[g,p] >= total load (redundant, tightens the bound)."""
+    total = []
     for g, t in enumerate(E.slots):
         load = _sum_x(P, v, g, P.loads)
-        m.Add(load <= sum(c.cap * v.z[g, p] for p, c in enumerate(E.configs[t])))
+        caps = sum(c.cap * v.z[g, p] for p, c in enumerate(E.configs[t]))
+        m.Add(load <= caps)
+        total.append(caps)
         if any(c.load_lo for c in E.configs[t]):
             m.Add(sum(c.load_lo * v.z[g, p] for p, c in enumerate(E.configs[t])) <= load)
+        xs = _sum_x(P, v, g, P.xs)
+        for p, c in enumerate(E.configs[t]):
+            m.Add(load <= c.cap).OnlyEnforceIf(v.z[g, p])
+            if c.load_lo:
+                m.Add(load >= c.load_lo).OnlyEnforceIf(v.z[g, p])
+            m.Add(xs >= c.x_lo).OnlyEnforceIf(v.z[g, p])
+            m.Add(xs <= c.x_hi).OnlyEnforceIf(v.z[g, p])
+    m.Add(sum(total) >= P.total_load)
 
 
 def add_symmetry_breaking(m, P, E, v: Vars) -> None:
