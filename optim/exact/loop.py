@@ -10,7 +10,7 @@
 4. with ``verify``, replays every GPU in the fleet twin (``optim.verify``, window
    ``duration_s``, default the instance's); for every GPU that starves or fails memory it cuts
    and re-solves — until the twin accepts, the iteration limit
-   (``instance.solver.max_repair_iterations``, default 10) or the time limit is reached. Every
+   (``instance.solver.max_repair_iterations``, default 30) or the time limit is reached. Every
    iteration is reported in ``params``. Cuts (``cut_mode``):
 
    * ``"capacity"`` (default): the rejected adapter set is also replayed under every other
@@ -41,7 +41,7 @@ from .common import SolveResult
 from .problem import CapacityCut, Cut, PackingProblem, scale_load
 
 DEFAULT_TIME_LIMIT_S = 60.0
-DEFAULT_MAX_ITERATIONS = 10
+DEFAULT_MAX_ITERATIONS = 30
 CUT_MODES = ("capacity", "exact", "superset")
 
 
