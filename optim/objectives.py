@@ -20,10 +20,11 @@ method is run on an unsupported objective only to *report* the value, never to t
 |----------------------------|------|------|---------|---------------------------------------------|
 | maxbase, maxbase-half      | yes  | yes  | no      | sizes the fleet; cost via GPU-type order     |
 | random, dlora, loraserve   | yes  | yes  | yes     | fixed fleet: given size, or ``gpu_budget``   |
-| greedy (to come)           | yes  | yes  | yes     | Maxpack packing with the surrogate           |
+| greedy                     | yes  | yes  | no      | Maxpack packing with the surrogate; type     |
+|                            |      |      |         | chosen by load (gpus) or load per $ (cost)   |
 | milp, cpsat               | yes  | yes  | yes     | exact (``optim.exact``); latency: per-piece  |
 |                            |      |      |         | ITL table from the ITL model, GPU budget     |
-| auto                       | yes  | yes  | yes     | cpsat when small, else greedy (or maxbase)   |
+| auto                       | yes  | yes  | small   | cpsat when small, else greedy (or maxbase)   |
 """
 
 from __future__ import annotations
