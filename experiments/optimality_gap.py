@@ -7,7 +7,15 @@ instances are solved for GPUs too): the solver-independent lower bounds (L1, Mar
 LP relaxation), MILP and CP-SAT with the twin in the loop, greedy (when registered) and each
 sizing baseline (maxbase, maxbase-half), every final placement verified in the fleet twin.
 Gap of a method = GPUs(method) - proven optimum (or - best lower bound when none is proven);
-a method whose placement the twin rejects is reported with its verdict. Medium instances
+a method whose placement the twin rejects is reported with its verdict.
+
+"Proven optimum": an exact method finished with status optimal *and* the twin accepted its
+placement. Optimal is relative to the encodable surrogate as corrected by the twin's capacity
+cuts (``optim.exact.loop``) — no placement with fewer GPUs satisfies the capacity model with the
+cuts found so far; it is a proof about the surrogate, which the twin has checked at the
+optimum, not about the twin itself. ``greedy-cap`` packs with that same surrogate, so its gap
+is a gap of the algorithm alone (DESIGN.md section 5); ``greedy`` is the shipped default (fast
+surrogate). Medium instances
 (``instances/paper`` with 96-160 adapters) get bounds and a time-limited CP-SAT bound only.
 
 Writes ``<out-dir>/optimality_gap.{csv,md,png}`` (and ``--json``); the last line is
