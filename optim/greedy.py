@@ -252,10 +252,15 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
     for t, mem in zip(slots, members):
         if not mem:
             continue
+        if len(mem) > MAX_PER_GPU:      # beyond the surrogates' adapter-count domain
+            return None
         phi = phi_all[mem].sum(axis=0)
         mr = max(adapters[i].rank for i in mem)
         M = _rows(phi[None, :], np.array([1]), mr, amaxes)
         thr, starved = models[t.name].predict_unchecked(M)
+        domain = getattr(models[t.name], "domain", None)
+        if domain is not None:          # extrapolated rows count as starved
+            starved = starved | domain.flags(M)
         if starved.all():
             return None
         pref = ~starved & useful_amax(np.array([len(mem)]), amaxes)[0]
