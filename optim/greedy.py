@@ -258,9 +258,6 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
         mr = max(adapters[i].rank for i in mem)
         M = _rows(phi[None, :], np.array([1]), mr, amaxes)
         thr, starved = models[t.name].predict_unchecked(M)
-        domain = getattr(models[t.name], "domain", None)
-        if domain is not None:          # extrapolated rows count as starved
-            starved = starved | domain.flags(M)
         if starved.all():
             return None
         pref = ~starved & useful_amax(np.array([len(mem)]), amaxes)[0]
