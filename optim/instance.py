@@ -219,6 +219,12 @@ def _unknown(src: str, path: str, d: Mapping[str, Any], allowed: set[str]) -> No
         raise InstanceError(src, where, f"unknown field (allowed: {sorted(allowed)})")
 
 
+def _missing(src: str, path: str, d: Mapping[str, Any], required: Sequence[str]) -> None:
+    for k in required:
+        if k not in d:
+            raise InstanceError(src, f"{path}.{k}" if path else k, "missing")
+
+
 def _adapters(src: str, v: Any, base_dir: Path | None) -> tuple[Adapter, ...]:
     if isinstance(v, str):
         if not v.strip():
@@ -247,9 +253,7 @@ def _adapters(src: str, v: Any, base_dir: Path | None) -> tuple[Adapter, ...]:
         if not isinstance(a, dict):
             raise InstanceError(src, path, f"must be an object {{id, rank, rate}}, got {a!r}")
         _unknown(src, path, a, {"id", "rank", "rate"})
-        for k in ("id", "rank", "rate"):
-            if k not in a:
-                raise InstanceError(src, f"{path}.{k}", "missing")
+        _missing(src, path, a, ("id", "rank", "rate"))
         aid = _str(src, f"{path}.id", a["id"])
         rank = _int(src, f"{path}.rank", a["rank"], 1)
         rate = _num(src, f"{path}.rate", a["rate"], lo=0.0, lo_open=True)
@@ -272,9 +276,7 @@ def _gpu_types(src: str, v: Any) -> tuple[GpuType, ...]:
         if not isinstance(g, dict):
             raise InstanceError(src, path, f"must be an object, got {g!r}")
         _unknown(src, path, g, _GPU_KEYS)
-        for k in ("name", "profile", "count"):
-            if k not in g:
-                raise InstanceError(src, f"{path}.{k}", "missing")
+        _missing(src, path, g, ("name", "profile", "count"))
         name = _str(src, f"{path}.name", g["name"])
         if any(t.name == name for t in out):
             raise InstanceError(src, f"{path}.name", f"duplicate GPU type name '{name}'")
@@ -382,9 +384,7 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
     if sv != SCHEMA_VERSION:
         raise InstanceError(src, "schema_version", f"unsupported version {sv!r} "
                                                    f"(expected {SCHEMA_VERSION})")
-    for k in ("name", "adapters", "gpus"):
-        if k not in d:
-            raise InstanceError(src, k, "missing")
+    _missing(src, "", d, ("name", "adapters", "gpus"))
     name = _str(src, "name", d["name"])
     desc = d.get("description", "")
     if not isinstance(desc, str):
