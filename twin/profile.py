@@ -172,19 +172,32 @@ def available_profiles() -> list[str]:
     return sorted(out)
 
 
+_LOADED: dict[tuple[str, int, int], GpuProfile] = {}
+
+
 def load_profile(name_or_path: str | Path) -> GpuProfile:
-    """Load a profile by bare name (``twin/profiles/<name>.json``) or by file path."""
+    """Load a profile by bare name (``twin/profiles/<name>.json``) or by file path. Parsed
+    profiles are cached per file and reparsed when the file changes (placement methods look a
+    profile up per adapter and per GPU)."""
     s = str(name_or_path)
     p = Path(s)
     if p.suffix == ".json" or p.exists() or "/" in s:
         if not p.exists():
             raise FileNotFoundError(f"profile file not found: {s}")
-        return GpuProfile.from_json(p)
+        return _from_file(p)
     cand = PROFILES_DIR / f"{s}.json"
     if not cand.exists():
         raise FileNotFoundError(
             f"unknown profile {s!r}; available: {', '.join(available_profiles()) or '(none)'}")
-    return GpuProfile.from_json(cand)
+    return _from_file(cand)
+
+
+def _from_file(p: Path) -> GpuProfile:
+    st = p.stat()
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _LOADED:
+        _LOADED[key] = GpuProfile.from_json(p)
+    return _LOADED[key]
 
 
 # ---------------------------------------------------------------------------- validation
