@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from twin.profile import load_profile
+from twin.profile import GpuProfile, load_profile
 from twin.workload import Adapter
 
 from .capacity import adapter_kv_cost, backbone_max_throughput, lora_max_throughput
@@ -74,8 +74,14 @@ def _predicted(offered: float, capacity: float, memory_error: bool) -> GpuMetric
     return GpuMetrics(offered, min(offered, capacity), offered > capacity, memory_error)
 
 
-def _starts(profile: str, amax: int, rank: int) -> bool:
-    return load_profile(profile).kv_tokens(amax, rank) is not None
+def _starts(profile: str | GpuProfile, amax: int, rank: int) -> bool:
+    prof = profile if isinstance(profile, GpuProfile) else load_profile(profile)
+    return prof.kv_tokens(amax, rank) is not None
+
+
+def _profiles(inst: Instance) -> dict[str, GpuProfile]:
+    """The profile of each GPU type, looked up once (not per adapter and GPU)."""
+    return {t.name: load_profile(t.profile) for t in inst.gpu_types}
 
 
 def _finish(inst: Instance, method: str, plans: list[GpuPlan], over_pool: bool,
@@ -98,20 +104,21 @@ def _maxbase(inst: Instance, objective: Objective, options: MethodOptions, half:
     def amax_of(n: int) -> int:
         return max(1, math.ceil(n / 2)) if half else n
 
-    bins: list[dict] = []          # {type, cap, load, adapters, rank}
-    over = False
     if options.n_gpus is not None:
         return _maxbase_scaled_out(inst, objective, options.n_gpus, method, amax_of)
+    profs = _profiles(inst)
+    bins: list[dict] = []          # {type, cap, load, adapters, rank}
+    over = False
     for a in inst.adapters:
         load = inst.load_tps(a)
         placed = False
         for b in bins:
-            prof = load_profile(b["type"].profile)
+            prof = profs[b["type"].name]
             if a.rank not in prof.supported_ranks:
                 continue
             rank = max(b["rank"], a.rank)
             if b["load"] + load <= b["cap"] + _EPS and \
-                    _starts(b["type"].profile, amax_of(len(b["adapters"]) + 1), rank):
+                    _starts(prof, amax_of(len(b["adapters"]) + 1), rank):
                 b["load"] += load
                 b["adapters"].append(a)
                 b["rank"] = rank
@@ -119,7 +126,7 @@ def _maxbase(inst: Instance, objective: Objective, options: MethodOptions, half:
                 break
         if placed:
             continue
-        usable = [t for t in order if a.rank in load_profile(t.profile).supported_ranks]
+        usable = [t for t in order if a.rank in profs[t.name].supported_ranks]
         fresh = [t for t in usable if avail[t.name] > 0]
         t = fresh[0] if fresh else usable[-1]
         if fresh:
@@ -147,11 +154,11 @@ def _maxbase_scaled_out(inst: Instance, objective: Objective, n: int, method: st
     if n < 1:
         raise ValueError(f"{method}: option 'n_gpus' must be >= 1, got {n}")
     fleet = fleet_types(inst, objective, n)
+    profs = _profiles(inst)
     members: list[list[Adapter]] = [[] for _ in range(n)]
     load = np.zeros(n)
     for a in inst.adapters:
-        ok = [g for g, t in enumerate(fleet.types)
-              if a.rank in load_profile(t.profile).supported_ranks]
+        ok = [g for g, t in enumerate(fleet.types) if a.rank in profs[t.name].supported_ranks]
         if not ok:
             raise ValueError(f"{method}: adapter '{a.id}' (rank {a.rank}) fits no GPU type")
         g = min(ok, key=lambda j: (load[j], j))
