@@ -97,6 +97,7 @@ class CapacitySurrogate:
 
 
 SURROGATES = ("fast", "capacity")
+_CAPACITY_CACHE: dict[str, CapacitySurrogate] = {}
 
 
 def load_surrogate(profile: str, kind: str = "fast"):
@@ -104,12 +105,15 @@ def load_surrogate(profile: str, kind: str = "fast"):
     if kind == "fast":
         return load_fast_model(profile)
     if kind == "capacity":
-        from .exact.capacity import load_capacity_model
-        model = load_capacity_model(profile)
-        if model is None:
-            raise ValueError(f"greedy: no trained capacity model for profile '{profile}'; "
-                             "run `python -m surrogates train`")
-        return CapacitySurrogate(model)
+        from .exact.capacity import load_capacity_model, trained_dir
+        key = str(trained_dir() / profile)
+        if key not in _CAPACITY_CACHE:
+            model = load_capacity_model(profile)
+            if model is None:
+                raise ValueError(f"greedy: no trained capacity model for profile '{profile}'; "
+                                 "run `python -m surrogates train`")
+            _CAPACITY_CACHE[key] = CapacitySurrogate(model)
+        return _CAPACITY_CACHE[key]
     raise ValueError(f"greedy: surrogate must be one of {SURROGATES}, got {kind!r}")
 
 
@@ -232,6 +236,17 @@ def _choose(fills: dict[str, Fill], types: dict[str, GpuType], objective: str) -
     return max(usable, key=lambda t: (usable[t].load, usable[t].k, t))
 
 
+def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] | None = None
+                    ) -> tuple[list[Adapter], dict, np.ndarray]:
+    """Adapters (default: the instance's), the packing surrogate per GPU type name, and the
+    adapters' feature rows — what filling and spreading read."""
+    from surrogates.features import adapter_feature_matrix
+    ads = list(inst.adapters if adapters is None else adapters)
+    models = {t.name: load_surrogate(t.profile, surrogate) for t in inst.gpu_types}
+    phi = adapter_feature_matrix([a.rank for a in ads], [a.rate for a in ads], inst.lengths)
+    return ads, models, phi
+
+
 def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, object],
             phi_all: np.ndarray, amaxes: np.ndarray,
             slots: Sequence[GpuType] | None = None) -> list[GpuPlan] | None:
@@ -273,14 +288,12 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
                  ) -> tuple[list[GpuPlan], bool, list[str]]:
     """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's)
     with the ``surrogate`` packing model. Returns (plans, over_pool, notes)."""
-    from surrogates.features import IDX, adapter_feature_matrix
+    from surrogates.features import IDX
 
     types = {t.name: t for t in inst.gpu_types}
     pool = dict(pool) if pool is not None else {t.name: t.count for t in inst.gpu_types}
-    models = {name: load_surrogate(t.profile, surrogate) for name, t in types.items()}
+    adapters, models, phi_all = _packing_inputs(inst, surrogate, adapters)
     amaxes = {name: amax_candidates() for name in models}
-    phi_all = adapter_feature_matrix([a.rank for a in adapters], [a.rate for a in adapters],
-                                     inst.lengths)
     order = maxpack_order(adapters)
     ordered = [adapters[i] for i in order]
     ranks = np.array([a.rank for a in ordered])
@@ -343,13 +356,10 @@ def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[
     """While the surrogate accepts the adapters spread (``_spread``) over the GPUs minus the last
     one opened, take that spread. Next-fit in Maxpack order can leave a GPU's worth of slack
     spread over several GPUs (a few hot adapters late in the order); returns (plans, shrunk)."""
-    from surrogates.features import adapter_feature_matrix
     if len(plans) < 2:
         return plans, False
     types = {t.name: t for t in inst.gpu_types}
-    ads = list(inst.adapters)
-    models = {t.name: load_surrogate(t.profile, surrogate) for t in inst.gpu_types}
-    phi = adapter_feature_matrix([a.rank for a in ads], [a.rate for a in ads], inst.lengths)
+    ads, models, phi = _packing_inputs(inst, surrogate)
     amaxes = amax_candidates()
     shrunk = False
     while len(plans) >= 2:
@@ -360,22 +370,16 @@ def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[
     return plans, shrunk
 
 
-def _rebalanced(inst: Instance, p: Placement, surrogate: str, amaxes: np.ndarray,
+def _rebalanced(inst: Instance, p: Placement, inputs: tuple, amaxes: np.ndarray,
                 duration_s: float) -> Placement | None:
     """The placement's adapters spread over the same GPUs (``_spread``) when the surrogate and
     then the twin accept it, else None. Next-fit fills GPUs to the brim and leaves the last one
     light; a twin rejection near capacity is often cured by balancing, without a new GPU."""
-    from surrogates.features import adapter_feature_matrix
-
     from .verify import verify
     if len(p.gpus) < 2:
         return None
     types = {t.name: t for t in inst.gpu_types}
-    slots = [types[g.gpu_type] for g in p.gpus]
-    ads = list(inst.adapters)
-    models = {t.name: load_surrogate(t.profile, surrogate) for t in slots}
-    phi = adapter_feature_matrix([a.rank for a in ads], [a.rate for a in ads], inst.lengths)
-    plans = _spread(inst, ads, models, phi, amaxes, slots)
+    plans = _spread(inst, *inputs, amaxes, [types[g.gpu_type] for g in p.gpus])
     if plans is None:
         return None
     cand = verify(p.with_(gpus=tuple(plans)), inst, duration_s=duration_s)
@@ -389,10 +393,11 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
     p = verify(placement, inst, duration_s=duration_s)
     changes = list(p.repairs)
     amaxes = amax_candidates()
+    inputs = _packing_inputs(inst, surrogate) if p.verdict == "rejected" else None
     rounds = 0
     while p.verdict == "rejected" and rounds < max_rounds:
         rounds += 1
-        balanced = _rebalanced(inst, p, surrogate, amaxes, duration_s)
+        balanced = _rebalanced(inst, p, inputs, amaxes, duration_s)
         if balanced is not None:
             changes.append(f"rebalanced the load over the same {balanced.n_gpus} GPU(s) "
                            "(largest load first onto the least-loaded GPU)")
