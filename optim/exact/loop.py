@@ -38,7 +38,7 @@ from ..placement import GpuMetrics, Placement, plan_gpu
 from .bounds import infeasible_adapters, lower_bounds
 from .capacity import build_problem
 from .common import SolveResult
-from .problem import CapacityCut, Cut, PackingProblem, scale_load
+from .problem import LOAD_SCALE, CapacityCut, Cut, PackingProblem, scale_load
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_MAX_ITERATIONS = 30
@@ -191,6 +191,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     iterations = []
     cuts: list[Cut] = []
     cap_cuts: list[CapacityCut] = []
+    tix = {t.name: k for k, t in enumerate(P.types)}
+    idx = {a: i for i, a in enumerate(P.ids)}
     placement = None
     r = None
     for it in range(max_it + 1):
@@ -219,8 +221,6 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         iterations.append(rec)
         if placement.verdict == "accepted":
             break
-        tix = {t.name: k for k, t in enumerate(P.types)}
-        idx = {a: i for i, a in enumerate(P.ids)}
         if cut_mode == "capacity":
             new = capacity_cuts(inst, Pc, [(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
                                             [idx[a.id] for a, _ in g.adapters],
@@ -241,13 +241,14 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                    "iterations": iterations, "n_iterations": len(iterations),
                    "n_cuts": len(cuts) + len(cap_cuts), "threads": threads,
                    "capacity_cuts": [{"type": P.types[c.type_index].name, "rank": c.rank,
-                                      "amax": c.amax, "x": c.x, "load_tps": c.load / 1000.0}
+                                      "amax": c.amax, "x": c.x, "load_tps": c.load / LOAD_SCALE}
                                      for c in cap_cuts],
                    "wall_s": time.perf_counter() - t_start})
     notes = list(placement.notes)
     if r.status == "infeasible":
         notes.append("the exact model proved that no placement satisfies the capacity model"
-                     + (f" and the {len(cuts)} twin cut(s)" if cuts else ""))
+                     + (f" and the {len(cuts) + len(cap_cuts)} twin cut(s)"
+                        if cuts or cap_cuts else ""))
     if verify and placement.verdict == "rejected":
         notes.append(f"twin still rejects after {len(iterations)} iteration(s) "
                      "(iteration or time limit)")
