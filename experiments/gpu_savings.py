@@ -68,40 +68,36 @@ def gpus_needed(inst: Instance, method: str, duration_s: float, max_extra: int,
                                                                        "over_pool")
         bad = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
         row = {"gpus": p.n_gpus if ok else None, "proposed_gpus": p.n_gpus, "failed": not ok,
-               "twin_failed_gpus": bad, "tries": 1, "status": p.status, "scaled_out": False,
-               "wall_s": time.perf_counter() - t0}
-        if ok or method not in SCALE_OUT or not p.gpus:
-            return row
-        return {**row, **_first_accepted(inst, method, p.n_gpus + 1, max_extra - 1, duration_s,
-                                         workers), "failed": True, "proposed_gpus": p.n_gpus,
-                "twin_failed_gpus": bad, "wall_s": time.perf_counter() - t0}
+               "twin_failed_gpus": bad, "tries": 1, "status": p.status, "scaled_out": False}
+        if not ok and method in SCALE_OUT and p.gpus:
+            more = _first_accepted(inst, method, p.n_gpus + 1, max_extra - 1, duration_s,
+                                   workers)
+            row.update(gpus=more["gpus"], tries=more["tries"], status=more["status"],
+                       scaled_out=more["gpus"] is not None)
+        return {**row, "wall_s": time.perf_counter() - t0}
     first = solve(inst, method, verify=False)
     start = int(first.params.get("n_gpus") or max(1, first.n_gpus))
     r = _first_accepted(inst, method, start, max_extra, duration_s, workers)
-    r["failed"] = r["gpus"] is None
-    r["scaled_out"] = False
-    r["wall_s"] = time.perf_counter() - t0
-    return r
+    return {**r, "proposed_gpus": start, "failed": r["gpus"] is None, "scaled_out": False,
+            "wall_s": time.perf_counter() - t0}
 
 
 def _first_accepted(inst: Instance, method: str, start: int, max_extra: int, duration_s: float,
                     workers: int | None) -> dict:
     """The first fleet size in ``start .. start + max_extra`` whose placement by ``method`` the
-    twin accepts (``gpus`` None when there is none)."""
-    tries = 0
+    twin accepts (``gpus`` None when there is none), the sizes tried, and the twin-rejected GPUs
+    of the first size."""
     bad_first = None
-    for n in range(start, start + max_extra + 1):
-        tries += 1
+    for tries, n in enumerate(range(start, start + max_extra + 1), start=1):
         p = solve(inst, method, options=MethodOptions(n_gpus=n), verify=True,
                   duration_s=duration_s, workers=workers)
-        bad = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
         if bad_first is None:
-            bad_first = bad
+            bad_first = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
         if p.gpus and p.verdict == "accepted":
-            return {"gpus": p.n_gpus, "proposed_gpus": start, "twin_failed_gpus": bad_first,
-                    "tries": tries, "status": p.status, "scaled_out": True}
-    return {"gpus": None, "proposed_gpus": start, "twin_failed_gpus": bad_first,
-            "tries": tries, "status": "no accepted fleet", "scaled_out": False}
+            return {"gpus": p.n_gpus, "twin_failed_gpus": bad_first, "tries": tries,
+                    "status": p.status}
+    return {"gpus": None, "twin_failed_gpus": bad_first, "tries": max_extra + 1,
+            "status": "no accepted fleet"}
 
 
 def select_instances(paths: list[Path], quick: bool) -> list[Path]:
@@ -128,10 +124,10 @@ def reduction(df: pd.DataFrame, a: str = "greedy", b: str = "maxbase", strict: b
         own_ok = df[~df["failed"].astype(bool)].pivot_table(
             index="instance", columns="method", values="gpus", aggfunc="first")
         piv = own_ok.reindex(columns=piv.columns)
-    if a not in piv or b not in piv:
-        return None, int(df[(df["method"] == a)]["failed"].sum())
-    both = piv[[a, b]].dropna()
     fails = int(df[(df["method"] == a)]["failed"].sum())
+    if a not in piv or b not in piv:
+        return None, fails
+    both = piv[[a, b]].dropna()
     if both.empty:
         return None, fails
     return float(((both[b] - both[a]) / both[b]).mean() * 100.0), fails
