@@ -18,9 +18,16 @@ them, and ``auto`` runs them where they apply):
   their own default (capacity bound, or LoRAServe's utilisation bound), and the first size the
   twin accepts is their GPU count; no accepted size within ``--max-extra`` GPUs is a failure.
 
-Writes ``gpu_savings.csv``, ``gpu_savings.md`` (GPUs per method, one row per instance) and
-``gpu_savings.png`` (GPUs vs adapters per scenario) under ``--out-dir``, optionally all rows as
-JSON, and ends with ``greedy_vs_maxbase_gpu_reduction=<pct> greedy_twin_failures=<k>``: the mean
+Every instance also gets the twin lower bound ``lb`` on the GPUs of *any* placement
+(``optim.feasibility.lora_gpu_lower_bound``: no LoRA-enabled GPU serves more than a one-adapter,
+one-slot server at its peak). It bounds what any method can save over MaxBase:
+``maxbase_reduction_ceiling`` is the mean of ``(MaxBase - lb) / MaxBase`` over the points where
+MaxBase has a count, and ``greedy_gpus_above_bound`` sums ``greedy - lb`` (greedy's distance from
+a proven optimum at most).
+
+Writes ``gpu_savings.csv``, ``gpu_savings.md`` (GPUs per method and ``lb``, one row per instance)
+and ``gpu_savings.png`` (GPUs vs adapters per scenario, the bound dashed) under ``--out-dir``,
+optionally all rows as JSON, and ends with ``greedy_vs_maxbase_gpu_reduction=<pct> greedy_twin_failures=<k>``: the mean
 relative GPU reduction of greedy over MaxBase on every point where both have a twin-accepted
 count (MaxBase's own or scaled out) and greedy's twin failures. The line before it gives the
 same mean restricted to the points where MaxBase's own proposal was accepted.
@@ -38,6 +45,7 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
+from optim.feasibility import lora_gpu_lower_bound
 from optim.instance import Instance, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
@@ -133,6 +141,21 @@ def reduction(df: pd.DataFrame, a: str = "greedy", b: str = "maxbase", strict: b
     return float(((both[b] - both[a]) / both[b]).mean() * 100.0), fails
 
 
+def reduction_ceiling(df: pd.DataFrame, b: str = "maxbase") -> float | None:
+    """Mean of ``(b - lb) / b`` over the points where ``b`` has a twin-accepted count: the
+    largest mean reduction over ``b`` any placement could reach on these points."""
+    part = df[(df["method"] == b) & df["gpus"].notna()]
+    if part.empty:
+        return None
+    return float(((part["gpus"] - part["lb"]) / part["gpus"]).mean() * 100.0)
+
+
+def above_bound(df: pd.DataFrame, a: str = "greedy") -> int | None:
+    """Sum over points of ``a``'s twin-accepted GPUs minus the lower bound."""
+    part = df[(df["method"] == a) & df["gpus"].notna()]
+    return None if part.empty else int((part["gpus"] - part["lb"]).sum())
+
+
 def plot(df: pd.DataFrame, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -151,6 +174,8 @@ def plot(df: pd.DataFrame, path: Path) -> None:
             f = d[d["failed"]]
             if not f.empty:
                 ax.scatter(f["n"], f["proposed_gpus"], marker="x", color="k", s=18)
+        lb = part.drop_duplicates("instance").sort_values("n")
+        ax.plot(lb["n"], lb["lb"], ls="--", color="k", lw=1, label="lower bound")
         ax.set_title(s, fontsize=9)
         ax.set_xlabel("adapters", fontsize=8)
         ax.set_ylabel("GPUs (twin-verified)", fontsize=8)
@@ -198,9 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
+        lb = lora_gpu_lower_bound(inst)
         for m in methods:
             r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
-            rows.append({"instance": inst.name, **sc, "method": m, "duration_s": dur, **r})
+            rows.append({"instance": inst.name, **sc, "lb": lb, "method": m, "duration_s": dur,
+                         **r})
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return f"{int(r['gpus'])}*" if r["failed"] else f"{int(r['gpus'])}"
 
     shown = df.assign(cell=df.apply(cell, axis=1))
-    piv = shown.pivot_table(index=["scenario", "n"], columns="method", values="cell",
+    piv = shown.pivot_table(index=["scenario", "n", "lb"], columns="method", values="cell",
                             aggfunc="first").reset_index()
     fails = df[df["failed"]].groupby("method").size().to_dict()
     md = ["| " + " | ".join(map(str, piv.columns)) + " |",
@@ -220,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         md.append("| " + " | ".join(str(v) for v in row.values) + " |")
     md.append("")
     md.append("`k*`: the method's own placement starved on the twin; k GPUs is the first fleet "
-              "its rule, scaled out, gets accepted with. `fail`: no accepted placement.")
+              "its rule, scaled out, gets accepted with. `fail`: no accepted placement. `lb`: twin lower "
+              "bound on the GPUs of any placement.")
     md.append("Own placements rejected by the twin, per method: "
               + ", ".join(f"{m}={fails.get(m, 0)}" for m in methods))
     (out / "gpu_savings.md").write_text("\n".join(md) + "\n", encoding="utf-8")
@@ -239,6 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if red is not None:
             print(f"{m}_vs_maxbase_gpu_reduction={red:.1f}% {m}_twin_failures={k}")
     print(f"wrote {out}/gpu_savings.csv, .md, .png in {time.perf_counter() - t0:.0f}s")
+    ceiling, above = reduction_ceiling(df), above_bound(df)
+    if ceiling is not None:
+        print(f"maxbase_reduction_ceiling={ceiling:.1f} (no placement can save more over MaxBase "
+              "on average at these points)")
+    if above is not None:
+        print(f"greedy_gpus_above_bound={above} (over {df['instance'].nunique()} instances)")
     strict, _ = reduction(df, strict=True)
     if strict is not None:
         print(f"greedy_vs_maxbase_gpu_reduction_where_maxbase_own_accepted={strict:.1f}")

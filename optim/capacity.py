@@ -6,6 +6,8 @@
   only adds work), which makes it the capacity of the infeasibility pre-checks.
 * ``lora_max_throughput`` — the same with LoRA on (one rank class, a fixed slot count): the
   per-rank "operating point" LoRAServe budgets GPUs with.
+* ``lora_peak_throughput`` — an upper bound on the throughput of *any* LoRA-enabled GPU whose
+  ``max_lora_rank`` is at least a given rank: the lower bounds on GPU counts use it.
 * ``max_startable_amax`` — the largest Amax whose (Amax, rank) configuration starts.
 * ``adapter_kv_cost`` — KV tokens one adapter slot of a rank costs (dLoRA's memory model).
 
@@ -97,6 +99,43 @@ def lora_max_throughput(profile: GpuProfile | str, rank: int, lengths: LengthMod
     return _cache[key]
 
 
+PEAK_LOAD_FACTORS = (0.95, 1.0, 1.05, 1.1, 1.25, 1.5)
+PEAK_NOISE_MARGIN = 1.02
+
+
+def lora_peak_throughput(profile: GpuProfile | str, rank: int, lengths: LengthModel | None = None,
+                         duration_s: float = SATURATION_DURATION_S, seed: int = 0) -> float:
+    """Tokens/s no LoRA-enabled GPU with ``max_lora_rank >= rank`` exceeds in the twin.
+
+    The server with one adapter of the smallest supported rank >= ``rank`` and one slot does the
+    least work per token any LoRA configuration can: the largest KV cache of its rank, no slot
+    contention, no swaps, one adapter per step (step time and KV use grow with distinct adapters
+    and rank). Its throughput peaks near saturation, so the value is the largest throughput over
+    offered loads ``PEAK_LOAD_FACTORS`` x its saturated throughput, times
+    ``PEAK_NOISE_MARGIN`` for the run-to-run spread of a saturated server (< 0.5 % between
+    seeds). Zero when no configuration of such a rank starts."""
+    prof = _profile(profile)
+    lengths = lengths if lengths is not None else default_lengths()
+    ranks = sorted(r for r in prof.supported_ranks
+                   if r >= rank and max_startable_amax(prof, r) >= 1)
+    if not ranks:
+        return 0.0
+    r = ranks[0]
+    key = _key("peak", prof.name, r, lengths, duration_s, seed)
+    if key not in _cache:
+        sat = lora_max_throughput(prof, r, lengths, n_adapters=1, duration_s=duration_s,
+                                  seed=seed)
+        per_request = lengths.mean_input + lengths.mean_output
+        cfg = ServerConfig(max_loras=1, max_lora_rank=r)
+        best = sat
+        for f in PEAK_LOAD_FACTORS:
+            ads = [Adapter("peak", r, f * sat / per_request)]
+            reqs = generate_requests(ads, duration_s, lengths, seed=seed + 1)
+            best = max(best, simulate_requests(prof, ads, reqs, cfg, duration_s).throughput_tps)
+        _cache[key] = best * PEAK_NOISE_MARGIN
+    return _cache[key]
+
+
 def max_startable_amax(profile: GpuProfile | str, rank: int) -> int:
     """Largest Amax with a KV-capacity entry at ``rank`` (0 when no configuration starts)."""
     prof = _profile(profile)
@@ -119,5 +158,6 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-__all__ = ["backbone_max_throughput", "lora_max_throughput", "max_startable_amax",
+__all__ = ["backbone_max_throughput", "lora_max_throughput", "lora_peak_throughput",
+           "max_startable_amax",
            "adapter_kv_cost", "clear_cache"]
