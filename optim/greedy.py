@@ -45,6 +45,10 @@ loses the adapters at the end of its list (bisection on the prefix length, each 
 by the twin), and the removed adapters are placed by the same greedy fill on new GPUs, whose
 twin verdicts are checked in turn, until the twin accepts every GPU. Each change is recorded in
 ``Placement.repairs``.
+
+Compaction. Once the twin accepts, ``optim.compaction`` tries fewer GPUs, load-balanced, with each
+GPU's Amax chosen by the twin from a dense set (the surrogates only know their Amax grid), down to
+the twin lower bound (option ``compact``, default on).
 """
 
 from __future__ import annotations
@@ -247,6 +251,19 @@ def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] 
     return ads, models, phi
 
 
+def balanced_members(inst: Instance, adapters: Sequence[Adapter], k: int) -> list[list[int]]:
+    """Indices of ``adapters`` per GPU for ``k`` GPUs: largest offered load first onto the
+    least-loaded GPU (ties: lowest index)."""
+    loads = np.array([inst.load_tps(a) for a in adapters])
+    members: list[list[int]] = [[] for _ in range(k)]
+    gload = np.zeros(k)
+    for i in np.argsort(-loads, kind="stable"):
+        g = int(np.argmin(gload))
+        members[g].append(int(i))
+        gload[g] += loads[i]
+    return members
+
+
 def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, object],
             phi_all: np.ndarray, amaxes: np.ndarray,
             slots: Sequence[GpuType] | None = None) -> list[GpuPlan] | None:
@@ -256,13 +273,7 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
         slots = [t for t in inst.gpu_types for _ in range(t.count)]
     if not slots:
         return None
-    loads = np.array([inst.load_tps(a) for a in adapters])
-    members: list[list[int]] = [[] for _ in slots]
-    gload = np.zeros(len(slots))
-    for i in np.argsort(-loads, kind="stable"):
-        g = int(np.argmin(gload))
-        members[g].append(int(i))
-        gload[g] += loads[i]
+    members = balanced_members(inst, adapters, len(slots))
     plans = []
     for t, mem in zip(slots, members):
         if not mem:
@@ -450,7 +461,8 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
 # ----------------------------------------------------------------------------- method entry
 def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     """Registered method ``greedy``; ``opts.extra``: ``repair`` (set by ``solve`` when
-    verifying), ``surrogate`` (``fast`` default, or ``capacity``)."""
+    verifying), ``surrogate`` (``fast`` default, or ``capacity``), ``compact`` (default True:
+    after repair, ``optim.compaction`` takes GPUs away while the twin accepts)."""
     t0 = time.perf_counter()
     surrogate = opts.extra.get("surrogate", "fast")
     if surrogate not in SURROGATES:
@@ -475,8 +487,11 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
                               "surrogate": surrogate})
     if opts.extra.get("repair", False):
         dur = opts.extra.get("duration_s")
-        place = repair(inst, place, obj.name, float(dur if dur is not None else inst.duration_s),
-                       surrogate=surrogate)
+        dur = float(dur if dur is not None else inst.duration_s)
+        place = repair(inst, place, obj.name, dur, surrogate=surrogate)
+        if opts.extra.get("compact", True) and place.status == "solved":
+            from .compaction import compact
+            place = compact(inst, place, dur, workers=opts.extra.get("workers"))
     return place
 
 

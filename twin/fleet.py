@@ -72,15 +72,20 @@ def _simulate_one(args: tuple) -> RunMetrics:
 def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
                    lengths: LengthModel | None = None, seed: int = 0,
                    workers: int | None = None, pool: Executor | None = None,
-                   check_routing: bool = True) -> FleetResult:
-    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``) in ``workers`` processes (default:
-    all cores; 1 = in this process). Pass ``pool`` to reuse an executor across many calls
-    (e.g. a search that verifies one placement after another). ``check_routing=False`` runs
-    the GPUs as independent what-if replays (an adapter may then appear on several GPUs with
-    any shares)."""
+                   check_routing: bool = True, seeds: Sequence[int] | None = None
+                   ) -> FleetResult:
+    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``, or ``seeds[g]`` when given) in
+    ``workers`` processes (default: all cores; 1 = in this process). Pass ``pool`` to reuse an
+    executor across many calls (e.g. a search that verifies one placement after another).
+    ``check_routing=False`` runs the GPUs as independent what-if replays (an adapter may then
+    appear on several GPUs with any shares); ``seeds`` lets such replays draw the workload a
+    given GPU of a placement would see."""
     if check_routing:
         check_shares(gpus)
-    jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g) for g, gpu in enumerate(gpus)]
+    if seeds is not None and len(seeds) != len(gpus):
+        raise ValueError(f"seeds: {len(seeds)} given for {len(gpus)} GPUs")
+    jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g if seeds is None else int(seeds[g]))
+            for g, gpu in enumerate(gpus)]
     if pool is not None:
         return FleetResult(tuple(pool.map(_simulate_one, jobs)))
     workers = workers or os.cpu_count() or 1

@@ -1,0 +1,85 @@
+"""Twin-guided compaction (optim.compaction) and per-GPU seeds of the fleet twin."""
+
+from __future__ import annotations
+
+import pytest
+
+from optim.compaction import amax_probes, compact
+from optim.feasibility import lora_gpu_lower_bound
+from optim.instance import instance_from_dict
+from optim.methods import MethodOptions, solve
+from optim.placement import shares_consistent
+from twin.fleet import GpuAssignment, simulate_fleet
+from twin.server import ServerConfig
+from twin.workload import Adapter
+
+LLAMA = "llama-3.1-8b-instruct"
+DUR = 300.0
+
+
+def _inst(n=24, rate=0.6):
+    return instance_from_dict({
+        "name": "c", "adapters": [{"id": f"a{i}", "rank": (8, 16, 32)[i % 3],
+                                   "rate": rate * (1 + i % 3)} for i in range(n)],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 8}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+
+
+def test_amax_probes():
+    assert amax_probes(32, 384) == sorted(set(amax_probes(32, 384)))
+    assert amax_probes(32, 384)[0] == 1 and amax_probes(32, 384)[-1] == 32
+    assert amax_probes(500, 96)[-1] == 96 and amax_probes(500, 96)[0] == 3
+    assert len(amax_probes(1000, 384)) <= 10
+    assert amax_probes(1, 384) == [1] and amax_probes(5, 0) == []
+
+
+def test_fleet_seeds_give_each_replay_the_same_workload():
+    a = GpuAssignment(LLAMA, ServerConfig(max_loras=4, max_lora_rank=8),
+                      tuple((Adapter(f"x{i}", 8, 0.5), 1.0) for i in range(4)))
+    same = simulate_fleet([a, a], duration_s=60.0, check_routing=False, seeds=[5, 5], workers=1)
+    def key(m):
+        return (m.throughput_tps, m.offered_realised_tps, m.mean_itl_ms)
+    assert key(same.per_gpu[0]) == key(same.per_gpu[1])
+    shifted = simulate_fleet([a, a], duration_s=60.0, check_routing=False, workers=1)
+    assert key(shifted.per_gpu[0]) != key(shifted.per_gpu[1])
+    with pytest.raises(ValueError, match="seeds"):
+        simulate_fleet([a, a], duration_s=60.0, check_routing=False, seeds=[1])
+
+
+def test_compaction_takes_gpus_away_down_to_what_the_twin_accepts():
+    inst = _inst()
+    wide = solve(inst, "maxbase", options=MethodOptions(n_gpus=4), verify=True, duration_s=DUR)
+    assert wide.verdict == "accepted" and wide.n_gpus == 4
+    lb = lora_gpu_lower_bound(inst)
+    out = compact(inst, wide, DUR)
+    assert out.verdict == "accepted" and lb <= out.n_gpus < 4
+    assert not shares_consistent(out.gpus, inst.adapters)
+    assert out.params["lower_bound"] == lb and out.params["compaction_attempts"] >= 1
+    assert any(r.startswith("compaction: 4 ->") for r in out.repairs)
+    assert all(g.verified is not None and g.verified.ok for g in out.gpus)
+    if out.n_gpus > lb:            # it stopped because one GPU fewer failed, not earlier
+        assert out.params["compaction_attempts"] == 4 - out.n_gpus + 1
+    again = compact(inst, wide, DUR)
+    assert [g.max_loras for g in again.gpus] == [g.max_loras for g in out.gpus]
+
+
+def test_compaction_leaves_rejected_or_bound_placements_alone():
+    inst = _inst(n=6, rate=0.1)                         # one GPU's worth: the bound is 1
+    one = solve(inst, "greedy", verify=True, duration_s=DUR)
+    assert one.n_gpus == 1 and one.params["lower_bound"] == 1
+    assert one.params["compaction_attempts"] == 0
+    hot = _inst(n=24, rate=6.0)
+    bad = solve(hot, "maxbase", options=MethodOptions(n_gpus=1), verify=True, duration_s=DUR)
+    assert bad.verdict == "rejected"
+    out = compact(hot, bad, DUR)
+    assert out.gpus == bad.gpus and out.params["compaction_attempts"] == 0
+
+
+def test_greedy_compacts_by_default_and_can_be_told_not_to():
+    inst = _inst(n=30, rate=0.8)
+    on = solve(inst, "greedy", verify=True, duration_s=DUR)
+    off = solve(inst, "greedy", options=MethodOptions(extra={"compact": False}), verify=True,
+                duration_s=DUR)
+    assert on.verdict == off.verdict == "accepted"
+    assert on.n_gpus <= off.n_gpus and "lower_bound" not in off.params
+    assert on.n_gpus >= on.params["lower_bound"]
