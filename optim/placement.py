@@ -215,7 +215,12 @@ class Placement:
         if self.verdict is not None:
             bad = sum(1 for g in self.gpus if g.verified and not g.verified.ok)
             parts.append(f"twin_failed_gpus={bad}")
+        lb = self.params.get("lower_bound")
+        if lb is not None:
+            parts.append(f"twin_lower_bound={lb}")
         out = " ".join(parts)
+        if lb is not None and self.verdict == "accepted" and self.n_gpus == lb:
+            out += "\nnote: the GPU count meets the twin lower bound: optimal for the twin"
         for n in self.notes:
             out += f"\nnote: {n}"
         for r in self.repairs:
