@@ -70,12 +70,13 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
     from .greedy import balanced_members
     members = balanced_members(inst, inst.adapters, k)
     plans: list[GpuPlan] = []
-    for g, (base, mem) in enumerate(zip(p.gpus[:k], members)):
-        if not mem:
+    for base, mem in zip(p.gpus[:k], members):
+        if not mem:                       # fewer adapters than GPUs
             continue
         ads = [(inst.adapters[i], 1.0) for i in mem]
         rank = max(a.rank for a, _ in ads)
         draft = plan_gpu(base.gpu_type, base.profile, 1, ads, inst.mean_tokens, rank)
+        # this GPU's index in the placement is len(plans): verification draws seed + index
         best = _probe_gpu(inst, draft, inst.seed + len(plans), duration_s, workers)
         if best is None:
             return None

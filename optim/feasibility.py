@@ -77,9 +77,9 @@ def lora_gpu_lower_bound(inst: Instance) -> int:
     ``P_t = capacity.lora_peak_throughput(type t, r)`` tokens/s and, unstarved, carries at most
     ``P_t / threshold`` offered tokens/s: ``ceil(threshold x total load / max_t P_t)``.
 
-    Tighter than ``gpu_lower_bound`` (LoRA costs throughput: about 62 % of the backbone's on the
-    H100 profiles). The load is the expected one; the realised load of an hour differs by well
-    under the margin ``lora_peak_throughput`` includes."""
+    Tighter than ``gpu_lower_bound`` (LoRA costs throughput: the peak is about 63 % of the
+    backbone's on the H100 profiles). The load is the expected one; the realised load of an hour
+    differs by well under the margin ``lora_peak_throughput`` includes."""
     r = min(a.rank for a in inst.adapters)
     best = max(lora_peak_throughput(t.profile, r, inst.lengths) for t in inst.gpu_types)
     if best <= 0:
