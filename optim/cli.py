@@ -1,7 +1,8 @@
 """Command line: ``python -m optim solve|generate|methods``.
 
 ``solve <instance.json> --method NAME [--verify/--no-verify] [--json OUT] [--vllm-args OUT]
-[--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]`` prints the
+[--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]
+[--no-compact]`` prints the
 per-GPU table and a summary; ``generate --set paper|small|large --out DIR --seed S [--force]``
 writes an instance set; ``methods`` lists the registered methods.
 """
@@ -41,7 +42,8 @@ def cmd_solve(a: argparse.Namespace) -> int:
     if a.time_limit is not None and a.time_limit <= 0:
         print("error: --time-limit must be > 0", file=sys.stderr)
         return 2
-    opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit)
+    opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit,
+                         extra={} if a.compact else {"compact": False})
     try:
         p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
                   duration_s=a.duration, workers=a.workers)
@@ -95,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the instance's solver.time_limit_s, else 60)")
     s.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="replay the placement in the fleet twin (default: on)")
+    s.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
+                   help="greedy with --verify: after repair, take GPUs away while the twin "
+                        "accepts, each GPU's Amax chosen by the twin (default: on)")
     s.add_argument("--gpus", type=int, default=None,
                    help="fleet size for fixed-fleet methods (random, dlora, loraserve)")
     s.add_argument("--seed", type=int, default=None, help="default: the instance's seed")

@@ -84,3 +84,21 @@ def test_greedy_compacts_by_default_and_can_be_told_not_to():
     assert on.verdict == off.verdict == "accepted"
     assert on.n_gpus <= off.n_gpus and "lower_bound" not in off.params
     assert on.n_gpus >= on.params["lower_bound"]
+
+
+def test_cli_compacts_unless_told_not_to(tmp_path):
+    import json
+
+    from optim.cli import main
+    path = tmp_path / "i.json"
+    inst = {"name": "cli", "adapters": [{"id": f"a{i}", "rank": 32, "rate": 2.4}
+                                        for i in range(32)],
+            "gpus": [{"name": "h100", "profile": LLAMA, "count": 4}], "duration_s": DUR}
+    path.write_text(json.dumps(inst))
+    out_on, out_off = tmp_path / "on.json", tmp_path / "off.json"
+    assert main(["solve", str(path), "--method", "greedy", "--json", str(out_on)]) == 0
+    assert main(["solve", str(path), "--method", "greedy", "--no-compact",
+                 "--json", str(out_off)]) == 0
+    on, off = json.loads(out_on.read_text()), json.loads(out_off.read_text())
+    assert "lower_bound" in on["params"] and "lower_bound" not in off["params"]
+    assert len(on["gpus"]) <= len(off["gpus"])
