@@ -75,6 +75,16 @@ def backbone_max_throughput(profile: GpuProfile | str, lengths: LengthModel | No
     return _cache[key]
 
 
+def _lora_run(prof: GpuProfile, cfg: ServerConfig, n_adapters: int, offered_tps: float,
+              lengths: LengthModel, duration_s: float, seed: int) -> float:
+    """Throughput of ``n_adapters`` equal-rate adapters of ``cfg.max_lora_rank`` offered
+    ``offered_tps`` in total on a server configured ``cfg``."""
+    rate = offered_tps / (lengths.mean_input + lengths.mean_output) / n_adapters
+    ads = [Adapter(f"op{i}", cfg.max_lora_rank, rate) for i in range(n_adapters)]
+    reqs = generate_requests(ads, duration_s, lengths, seed=seed)
+    return simulate_requests(prof, ads, reqs, cfg, duration_s).throughput_tps
+
+
 def lora_max_throughput(profile: GpuProfile | str, rank: int, lengths: LengthModel | None = None,
                         n_adapters: int = 32, duration_s: float = SATURATION_DURATION_S,
                         seed: int = 0) -> float:
@@ -88,14 +98,8 @@ def lora_max_throughput(profile: GpuProfile | str, rank: int, lengths: LengthMod
         if amax < 1:
             raise ValueError(f"profile '{prof.name}': no configuration with rank {rank} starts")
         cfg = ServerConfig(max_loras=amax, max_lora_rank=rank)
-        tps = _FIRST_PASS_TPS
-        for _ in range(2):
-            rate = tps / (lengths.mean_input + lengths.mean_output) / n_adapters
-            ads = [Adapter(f"op{i}", rank, rate) for i in range(n_adapters)]
-            reqs = generate_requests(ads, duration_s, lengths, seed=seed)
-            m = simulate_requests(prof, ads, reqs, cfg, duration_s)
-            tps = 1.25 * m.throughput_tps
-        _cache[key] = m.throughput_tps
+        first = _lora_run(prof, cfg, n_adapters, _FIRST_PASS_TPS, lengths, duration_s, seed)
+        _cache[key] = _lora_run(prof, cfg, n_adapters, 1.25 * first, lengths, duration_s, seed)
     return _cache[key]
 
 
@@ -125,13 +129,9 @@ def lora_peak_throughput(profile: GpuProfile | str, rank: int, lengths: LengthMo
     if key not in _cache:
         sat = lora_max_throughput(prof, r, lengths, n_adapters=1, duration_s=duration_s,
                                   seed=seed)
-        per_request = lengths.mean_input + lengths.mean_output
         cfg = ServerConfig(max_loras=1, max_lora_rank=r)
-        best = sat
-        for f in PEAK_LOAD_FACTORS:
-            ads = [Adapter("peak", r, f * sat / per_request)]
-            reqs = generate_requests(ads, duration_s, lengths, seed=seed + 1)
-            best = max(best, simulate_requests(prof, ads, reqs, cfg, duration_s).throughput_tps)
+        best = max([sat] + [_lora_run(prof, cfg, 1, f * sat, lengths, duration_s, seed + 1)
+                            for f in PEAK_LOAD_FACTORS])
         _cache[key] = best * PEAK_NOISE_MARGIN
     return _cache[key]
 

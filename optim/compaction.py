@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from twin.fleet import GpuAssignment, simulate_fleet
+from twin.fleet import simulate_fleet
 
 from .capacity import max_startable_amax
 from .feasibility import lora_gpu_lower_bound
+from .greedy import balanced_members
 from .instance import Instance
 from .placement import GpuPlan, Placement, plan_gpu
 from .verify import verify
@@ -54,8 +55,7 @@ def _probe_gpu(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
                       plan.max_lora_rank) for a in amaxes]
     if not cands:
         return None
-    jobs = [GpuAssignment(c.profile, c.server_config(inst.starvation_threshold), c.adapters)
-            for c in cands]
+    jobs = [c.twin_assignment(inst.starvation_threshold) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
                          check_routing=False, seeds=[seed] * len(jobs))
     ok = [(m.throughput_tps, -c.max_loras, j) for j, (c, m) in enumerate(zip(cands, res.per_gpu))
@@ -67,7 +67,6 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
              workers: int | None) -> Placement | None:
     """The placement on ``k`` GPUs of the kinds of ``p``'s first ``k`` (module docstring, one
     attempt), verified and accepted, or None."""
-    from .greedy import balanced_members
     members = balanced_members(inst, inst.adapters, k)
     plans: list[GpuPlan] = []
     for base, mem in zip(p.gpus[:k], members):

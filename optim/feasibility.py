@@ -65,10 +65,15 @@ def _listing(items: list[str], k: int = 5) -> str:
     return ", ".join(items[:k]) + (f" (+{len(items) - k} more)" if len(items) > k else "")
 
 
+def _count_bound(inst: Instance, capacity_tps: float) -> int:
+    """ceil(threshold x total load / capacity_tps), at least 1."""
+    return max(1, math.ceil(inst.starvation_threshold * inst.total_load_tps / capacity_tps - 1e-9))
+
+
 def gpu_lower_bound(inst: Instance) -> int:
     """Capacity lower bound on the GPU count: ceil(threshold x total load / best GPU capacity)."""
-    best = max(backbone_max_throughput(t.profile, inst.lengths) for t in inst.gpu_types)
-    return max(1, math.ceil(inst.starvation_threshold * inst.total_load_tps / best - 1e-9))
+    return _count_bound(inst, max(backbone_max_throughput(t.profile, inst.lengths)
+                                  for t in inst.gpu_types))
 
 
 def lora_gpu_lower_bound(inst: Instance) -> int:
@@ -84,7 +89,7 @@ def lora_gpu_lower_bound(inst: Instance) -> int:
     best = max(lora_peak_throughput(t.profile, r, inst.lengths) for t in inst.gpu_types)
     if best <= 0:
         raise ValueError(f"{inst.name}: no GPU type starts a LoRA configuration of rank >= {r}")
-    return max(1, math.ceil(inst.starvation_threshold * inst.total_load_tps / best - 1e-9))
+    return _count_bound(inst, best)
 
 
 def precheck(inst: Instance, allow_split: bool = False) -> FeasibilityReport:

@@ -21,6 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
+from twin.fleet import GpuAssignment
 from twin.metrics import RunMetrics
 from twin.server import ServerConfig
 from twin.workload import Adapter
@@ -74,6 +75,11 @@ class GpuPlan:
     def server_config(self, starvation_threshold: float = 0.9) -> ServerConfig:
         return ServerConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
                             starvation_threshold=starvation_threshold)
+
+    def twin_assignment(self, starvation_threshold: float = 0.9) -> GpuAssignment:
+        """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``)."""
+        return GpuAssignment(self.profile, self.server_config(starvation_threshold),
+                             self.adapters)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from twin.fleet import GpuAssignment, simulate_fleet
+from twin.fleet import simulate_fleet
 
 from .instance import Instance
 from .placement import GpuMetrics, Placement, shares_consistent
@@ -32,8 +32,7 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
         raise ValueError(f"placement of '{placement.instance}' by {placement.method}: "
                          + "; ".join(problems[:5]))
     dur = float(duration_s if duration_s is not None else inst.duration_s)
-    jobs = [GpuAssignment(g.profile, g.server_config(inst.starvation_threshold), g.adapters)
-            for g in placement.gpus]
+    jobs = [g.twin_assignment(inst.starvation_threshold) for g in placement.gpus]
     t0 = time.perf_counter()
     result = simulate_fleet(jobs, duration_s=dur, lengths=inst.lengths,
                             seed=inst.seed if seed is None else seed, workers=workers)

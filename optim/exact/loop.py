@@ -103,7 +103,7 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
     """Capacity cuts for GPUs the twin rejected, given as (type index, rank, Amax, adapters,
     twin throughput or None): the rejected configuration, plus every other (rank, Amax)
     configuration admitting the set that the twin also rejects (all replays in parallel)."""
-    from twin.fleet import GpuAssignment, simulate_fleet
+    from twin.fleet import simulate_fleet
 
     from ..placement import plan_gpu
     theta = inst.starvation_threshold
@@ -125,7 +125,7 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
         gt = inst.gpu_types[t]
         plan = plan_gpu(gt.name, gt.profile, amax, [(inst.adapters[i], 1.0) for i in items],
                         inst.mean_tokens, max_lora_rank=rank)
-        jobs.append(GpuAssignment(plan.profile, plan.server_config(theta), plan.adapters))
+        jobs.append(plan.twin_assignment(theta))
     res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
                          lengths=inst.lengths, seed=inst.seed, workers=workers,
                          check_routing=False)
