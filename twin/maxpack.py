@@ -58,9 +58,21 @@ def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[
                    n_grid: Sequence[int] = N_GRID, amax_grid: Sequence[int] = AMAX_GRID,
                    seed: int = 0, client_max_waiting: int | None = None,
                    rule: str = "strict",
-                   evaluate: Callable[[int, int], RunMetrics] | None = None) -> MaxpackResult:
+                   evaluate: Callable[[int, int], RunMetrics] | None = None,
+                   on_point: Callable[[MaxpackPoint], None] | None = None) -> MaxpackResult:
     """Run the search; ``evaluate(amax, n)`` may replace the twin (e.g. by a surrogate).
-    ``client_max_waiting`` is passed to :class:`ServerConfig` (the load generator's cap)."""
+    ``client_max_waiting`` is passed to :class:`ServerConfig` (the load generator's cap);
+    ``on_point`` is called after each evaluated point (progress bars).
+
+    Every rank must be supported by the profile (``ValueError`` otherwise: an unsupported rank
+    would make every Amax look like a memory error and the answer 0 adapters)."""
+    if not rates or not ranks:
+        raise ValueError("maxpack: rates and ranks must not be empty")
+    unsupported = sorted(set(ranks) - set(profile.supported_ranks))
+    if unsupported:
+        raise ValueError(f"maxpack: rank {unsupported[0]} not supported by profile "
+                         f"'{profile.name}' (supported: "
+                         f"{', '.join(map(str, profile.supported_ranks))})")
     max_rank = max(ranks)
 
     def twin_eval(amax: int, n: int) -> RunMetrics:
@@ -82,6 +94,8 @@ def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[
             m = ev(amax, n)
             p = MaxpackPoint(amax, n, m)
             points.append(p)
+            if on_point is not None:
+                on_point(p)
             if m.memory_error:
                 break
             if m.starved:

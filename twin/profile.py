@@ -153,11 +153,20 @@ class GpuProfile:
     def from_json(cls, path: str | Path) -> "GpuProfile":
         """Read and validate a profile JSON file."""
         p = Path(path)
+        if p.is_dir():
+            raise ProfileError(f"profile file {str(p)!r}: is a directory, not a profile JSON file")
         try:
-            d = json.loads(p.read_text())
+            d = json.loads(p.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ProfileError(f"profile file {str(p)!r}: invalid JSON: {e}") from None
-        return cls.from_dict(d)
+        except UnicodeDecodeError:
+            raise ProfileError(f"profile file {str(p)!r}: not a text (UTF-8 JSON) file") from None
+        except OSError as e:
+            raise ProfileError(f"profile file {str(p)!r}: cannot read ({e.strerror})") from None
+        try:
+            return cls.from_dict(d)
+        except ProfileError as e:
+            raise ProfileError(f"profile file {str(p)!r}: {e}") from None
 
 
 def available_profiles() -> list[str]:
@@ -184,6 +193,9 @@ def load_profile(name_or_path: str | Path) -> GpuProfile:
     if p.suffix == ".json" or p.exists() or "/" in s:
         if not p.exists():
             raise FileNotFoundError(f"profile file not found: {s}")
+        if p.is_dir():
+            raise ProfileError(f"profile {s!r}: is a directory; give a profile JSON file or one "
+                               f"of: {', '.join(available_profiles())}")
         return _from_file(p)
     cand = PROFILES_DIR / f"{s}.json"
     if not cand.exists():

@@ -1,0 +1,175 @@
+"""Command-line conventions shared by ``python -m twin``, ``python -m optim`` and
+``python -m surrogates``: option types that reject bad values with the option's name, output
+paths checked before any work starts, progress bars on stderr, exit codes, and the one place that
+turns an error or Ctrl-C into a one-line message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_REJECTED = 1      # optim solve: the twin rejected the placement
+EXIT_USAGE = 2         # bad input: option, file, field (the message names it)
+EXIT_INFEASIBLE = 3    # optim solve: the instance cannot be served
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
+SEED_MAX = 2**32 - 1   # numpy's legacy bound; every seed of the toolkit fits it
+
+EXIT_CODES_EPILOG = (
+    "exit codes: 0 success; 1 the twin rejected the placement (optim solve); 2 bad input "
+    "(the message names the option, file or field); 3 the instance is infeasible (optim solve); "
+    "130 interrupted (Ctrl-C)")
+
+
+class CliError(ValueError):
+    """A bad command-line argument; printed as one line, without a traceback."""
+
+
+# ----------------------------------------------------------------------------- option types
+def _number(text: str, conv: Callable[[str], T], what: str) -> T:
+    try:
+        return conv(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def int_at_least(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """argparse type: an integer in ``[lo, hi]`` (the message names the bound and the value)."""
+    def conv(text: str) -> int:
+        v = _number(text, int, "an integer")
+        if v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {rng}, got {text!r}")
+        return v
+    conv.__name__ = f"int>={lo}"
+    return conv
+
+
+def float_above(lo: float, hi: float | None = None, *, inclusive: bool = False
+                ) -> Callable[[str], float]:
+    """argparse type: a finite float ``> lo`` (``>= lo`` with ``inclusive``) and ``<= hi``."""
+    def conv(text: str) -> float:
+        v = _number(text, float, "a number")
+        ok = math.isfinite(v) and (v >= lo if inclusive else v > lo) and (hi is None or v <= hi)
+        if not ok:
+            rng = f"{'>=' if inclusive else '>'} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+            raise argparse.ArgumentTypeError(f"must be a finite number {rng}, got {text!r}")
+        return v
+    conv.__name__ = f"float>{lo}"
+    return conv
+
+
+seed_type = int_at_least(0, SEED_MAX)
+positive_int = int_at_least(1)
+nonneg_int = int_at_least(0)
+positive_float = float_above(0.0)
+
+
+# ----------------------------------------------------------------------------- outputs
+def check_output(path: str | os.PathLike | None, option: str, force: bool) -> Path | None:
+    """Refuse an output path *before* the work starts: a directory, an existing file without
+    ``--force``, or a parent that is not a writable directory."""
+    if path is None:
+        return None
+    p = Path(path)
+    if str(path).strip() == "":
+        raise CliError(f"{option}: empty path")
+    if p.is_dir():
+        raise CliError(f"{option}: {p} is a directory; give a file path")
+    if p.exists() and not force:
+        raise CliError(f"{option}: {p} exists; pass --force to overwrite it")
+    parent = p.parent if str(p.parent) else Path(".")
+    anc = parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise CliError(f"{option}: cannot create {p}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK):
+        raise CliError(f"{option}: cannot write {p}: {anc} is not writable")
+    return p
+
+
+def check_output_dir(path: str | os.PathLike, option: str, force: bool,
+                     must_be_new_files: Sequence[str] = ()) -> Path:
+    """Refuse an output *directory* before the work: a file at that path, or (without
+    ``--force``) any of ``must_be_new_files`` already inside it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CliError(f"{option}: {p} is a file; give a directory")
+    if not force:
+        clash = [f for f in must_be_new_files if (p / f).exists()]
+        if clash:
+            raise CliError(f"{option}: {p} already holds {', '.join(clash)}; pass --force to "
+                           "overwrite")
+    anc = p
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir() or not os.access(anc, os.W_OK):
+        raise CliError(f"{option}: cannot create or write {p} ({anc} is not a writable directory)")
+    return p
+
+
+def write_output(p: Path, text: str) -> None:
+    """Write a checked output file (parent directories created)."""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+
+
+def check_input_file(path: str | os.PathLike, option: str) -> Path:
+    """An existing regular file, else a ``CliError`` naming the option."""
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{option}: {p} does not exist")
+    if p.is_dir():
+        raise CliError(f"{option}: {p} is a directory; give a file")
+    return p
+
+
+# ----------------------------------------------------------------------------- progress
+def progress(iterable: Iterable[T] | None = None, *, total: int | None = None, desc: str = "",
+             quiet: bool = False, unit: str = "it"):
+    """A ``tqdm`` bar on stderr, disabled by ``quiet`` (``--quiet``); leaves no bar behind.
+    Iterate over it, or call ``update(k)`` / ``close()`` when ``iterable`` is None."""
+    from tqdm import tqdm
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                dynamic_ncols=True, disable=quiet)
+
+
+# ----------------------------------------------------------------------------- running
+def _interrupted(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__context__ or e.__cause__
+    return False
+
+
+def run_command(func: Callable[[], int], interrupted_hint: str = "") -> int:
+    """Run a command: errors that name their field become ``error: ...`` (exit 2), Ctrl-C a
+    one-line ``interrupted`` (exit 130), even when a compiled kernel wrapped it."""
+    try:
+        return func()
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:              # output piped into e.g. `head`: stop quietly
+        sys.stderr.close()
+        return EXIT_OK
+    except (ValueError, OSError) as e:   # our errors name the field/file and the reason
+        msg = str(e)
+        if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in msg:
+            msg = f"{e.filename}: {msg}"
+        print(f"error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemError as e:             # numba wraps a Ctrl-C raised inside a kernel
+        if not _interrupted(e):
+            raise
+    print("interrupted" + (f"; {interrupted_hint}" if interrupted_hint else ""), file=sys.stderr)
+    return EXIT_INTERRUPTED

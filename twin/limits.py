@@ -1,0 +1,36 @@
+"""Size limits of one twin run, checked before any work so that a mistyped size is refused at
+once instead of growing past the machine's memory.
+
+The twin holds every request of a run in memory (arrival, adapter, lengths, first-token and
+finish times, plus the generator's temporaries: about 100 bytes per request at the peak), and
+draws one arrival stream per adapter in a Python loop. The defaults are a hundred times the
+heaviest shipped scenario (384 adapters, ~80k requests per simulated hour).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+MAX_REQUESTS_PER_SERVER = 10_000_000      # ~1 GB at the peak
+MAX_ADAPTERS_PER_SERVER = 100_000         # one Python-level arrival stream per adapter
+MAX_DURATION_S = 7 * 86_400.0             # a week of simulated time
+
+
+def check_run_size(n_adapters: int, total_rate: float, duration_s: float,
+                   where: str = "run") -> None:
+    """Refuse a run whose adapter count, window or expected request count exceeds the limits
+    (``ValueError`` naming the value, the limit and the reason)."""
+    if n_adapters > MAX_ADAPTERS_PER_SERVER:
+        raise ValueError(f"{where}: {n_adapters:,} adapters on one server exceed the limit of "
+                         f"{MAX_ADAPTERS_PER_SERVER:,} (the twin draws one arrival stream per "
+                         "adapter; vLLM serves far fewer per GPU)")
+    if duration_s > MAX_DURATION_S:
+        raise ValueError(f"{where}: window {duration_s:g} s exceeds the limit of "
+                         f"{MAX_DURATION_S:g} s (one week)")
+    expected = total_rate * duration_s
+    if expected > MAX_REQUESTS_PER_SERVER:
+        raise ValueError(f"{where}: about {expected:,.0f} requests expected ({total_rate:g} req/s "
+                         f"x {duration_s:g} s) exceed the limit of {MAX_REQUESTS_PER_SERVER:,} "
+                         "per server (~100 bytes each in memory); shorten the window or lower "
+                         "the rates")
+
