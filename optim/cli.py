@@ -2,9 +2,14 @@
 
 ``solve <instance.json> --method NAME [--verify/--no-verify] [--json OUT] [--vllm-args OUT]
 [--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]
-[--no-compact]`` prints the
+[--no-compact] [--quiet]`` prints the
 per-GPU table and a summary; ``generate --set paper|small|large --out DIR --seed S [--force]``
 writes an instance set; ``methods`` lists the registered methods.
+
+Every option and output path is checked before the work starts. ``--vllm-args`` is written only
+for a placement the twin accepted (or with ``--no-verify``, marked unverified); a rejected
+placement's arguments are refused unless ``--allow-rejected``, and the file always records the
+twin's verdict.
 """
 
 from __future__ import annotations
@@ -12,64 +17,90 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Sequence
 
+from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED,
+                              CliError, check_output, check_output_dir, float_above, int_at_least,
+                              nonneg_int, positive_int, run_command, seed_type, write_output)
+from twin.limits import MAX_DURATION_S
+
 from .generate import SETS, generate_set
-from .instance import InstanceError, load_instance
+from .instance import InstanceError, check_twin_window, load_instance
 from .methods import MethodOptions, get_method, method_names, solve
 
+UNITS_NOTE = ("units: offered, pred_tps, twin_tps in tok/s (input+output tokens per second); "
+              "objective[gpus] in GPUs, objective[cost] in $/hour (sum of price_per_hour), "
+              "objective[latency] in ms (load-weighted mean inter-token latency); wall times in s")
 
-def _write(path: str, text: str, force: bool) -> None:
-    p = Path(path)
-    if p.exists() and not force:
-        raise SystemExit(f"error: {p} exists; pass --force to overwrite it")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text + "\n", encoding="utf-8")
+
+def _vllm_payload(inst, a: argparse.Namespace, p) -> dict:
+    verdict = p.verdict or "unverified"
+    failed = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
+    return {"instance": inst.name, "method": a.method, "twin_verdict": verdict,
+            "twin_failed_gpus": failed if p.verdict else None,
+            "gpus": p.vllm_args(adapter_dir=a.adapter_dir)}
 
 
 def cmd_solve(a: argparse.Namespace) -> int:
-    try:
-        inst = load_instance(a.instance)
-    except InstanceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    json_out = check_output(a.json, "--json", a.force)
+    vllm_out = check_output(a.vllm_args, "--vllm-args", a.force)
+    if json_out is not None and vllm_out is not None and json_out.resolve() == vllm_out.resolve():
+        raise CliError(f"--json and --vllm-args name the same file {json_out}")
+    if not a.adapter_dir.strip():
+        raise CliError("--adapter-dir: empty path")
     try:
         get_method(a.method)
     except KeyError as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
-        return 2
-    if a.time_limit is not None and a.time_limit <= 0:
-        print("error: --time-limit must be > 0", file=sys.stderr)
-        return 2
+        raise CliError(f"--method: {e.args[0]}") from None
+    try:
+        inst = load_instance(a.instance)
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    if a.duration is not None:
+        try:
+            check_twin_window(inst.adapters, inst.total_gpus_available, a.duration)
+        except ValueError as e:
+            raise CliError(f"--duration: {e}") from None
+    import twin.fleet
+    twin.fleet.show_progress = not a.quiet
     opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit,
                          extra={} if a.compact else {"compact": False})
-    try:
-        p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
-                  duration_s=a.duration, workers=a.workers)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if not a.quiet and a.verify:
+        print(f"solving {inst.name} with {a.method}, then replaying it in the twin "
+              f"({a.duration or inst.duration_s:g} s window; progress on stderr)", file=sys.stderr)
+    p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
+              duration_s=a.duration, workers=a.workers)
     print(p.table(max_ids=a.show_ids))
-    if a.json:
-        _write(a.json, p.to_json(), a.force)
-        print(f"wrote {a.json}")
-    if a.vllm_args:
-        _write(a.vllm_args, json.dumps({"instance": inst.name, "method": a.method,
-                                        "gpus": p.vllm_args(adapter_dir=a.adapter_dir)},
-                                       indent=1), a.force)
-        print(f"wrote {a.vllm_args}")
+    print(UNITS_NOTE)
+    rc = 0
     if p.status == "infeasible":
-        return 3
-    return 0 if p.feasible else 1
+        rc = EXIT_INFEASIBLE
+    elif not p.feasible:
+        rc = EXIT_REJECTED
+    if json_out is not None:
+        write_output(json_out, p.to_json())
+        print(f"wrote {json_out}")
+    if vllm_out is not None:
+        if not p.gpus:
+            print(f"not writing --vllm-args {vllm_out}: the placement has no GPUs "
+                  f"(status {p.status})", file=sys.stderr)
+        elif p.verdict == "rejected" and not a.allow_rejected:
+            print(f"not writing --vllm-args {vllm_out}: the twin rejected this placement "
+                  "(see the twin column); pass --allow-rejected to write it anyway (the file "
+                  "then records twin_verdict=rejected)", file=sys.stderr)
+        else:
+            write_output(vllm_out, json.dumps(_vllm_payload(inst, a, p), indent=1))
+            note = "" if p.verdict == "accepted" else f" (twin_verdict={p.verdict or 'unverified'})"
+            print(f"wrote {vllm_out}{note}")
+    return rc
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    check_output_dir(a.out, "--out", force=True)
     try:
         files = generate_set(a.set, a.out, seed=a.seed, force=a.force)
     except FileExistsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise CliError(f"--out {a.out}: {e}") from None
     n_json = sum(1 for f in files if f.suffix == ".json")
     print(f"wrote {n_json} instances ({len(files)} files) to {a.out}")
     return 0
@@ -85,49 +116,63 @@ def cmd_methods(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m optim", description=__doc__.split("\n")[0])
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(prog="python -m optim", description=__doc__.split("\n")[0],
+                                 epilog=EXIT_CODES_EPILOG)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("solve", help="place the adapters of an instance")
-    s.add_argument("instance")
+    s = sub.add_parser("solve", help="place the adapters of an instance", formatter_class=fmt,
+                       epilog=EXIT_CODES_EPILOG + ". " + UNITS_NOTE,
+                       description="Place the adapters of an instance file (schema: "
+                                   "instances/README.md), verify the placement in the fleet "
+                                   "twin, print the per-GPU table and a summary.")
+    s.add_argument("instance", help="instance JSON file")
     s.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
     s.add_argument("--objective", choices=("gpus", "cost", "latency"), default=None,
                    help="default: the instance's objective")
-    s.add_argument("--time-limit", type=float, default=None, metavar="S",
+    s.add_argument("--time-limit", type=float_above(0.0), default=None, metavar="S",
                    help="time limit of searching methods (milp, cpsat, auto) in seconds "
                         "(default: the instance's solver.time_limit_s, else 60)")
     s.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="replay the placement in the fleet twin (default: on)")
+                   help="replay the placement in the fleet twin")
     s.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
                    help="greedy with --verify: after repair, take GPUs away while the twin "
-                        "accepts, each GPU's Amax chosen by the twin (default: on)")
-    s.add_argument("--gpus", type=int, default=None,
+                        "accepts, each GPU's Amax chosen by the twin")
+    s.add_argument("--gpus", type=positive_int, default=None,
                    help="fleet size for fixed-fleet methods (random, dlora, loraserve)")
-    s.add_argument("--seed", type=int, default=None, help="default: the instance's seed")
-    s.add_argument("--duration", type=float, default=None,
+    s.add_argument("--seed", type=seed_type, default=None,
+                   help="seed of random methods and of the twin workload (default: the "
+                        "instance's seed)")
+    s.add_argument("--duration", type=float_above(0.0, MAX_DURATION_S), default=None, metavar="S",
                    help="twin window in seconds (default: the instance's duration_s)")
-    s.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    s.add_argument("--json", default=None, help="write the full placement record")
-    s.add_argument("--vllm-args", default=None, help="write per-GPU vLLM server arguments (JSON)")
+    s.add_argument("--workers", type=int_at_least(1, 256), default=None,
+                   help="processes for the twin replay (default: all cores)")
+    s.add_argument("--json", default=None, help="write the full placement record (JSON)")
+    s.add_argument("--vllm-args", default=None,
+                   help="write per-GPU vLLM server arguments (JSON, with the twin's verdict); "
+                        "refused for a placement the twin rejected unless --allow-rejected")
+    s.add_argument("--allow-rejected", action="store_true",
+                   help="write --vllm-args even when the twin rejected the placement")
     s.add_argument("--adapter-dir", default="adapters",
                    help="directory holding the adapters, for --lora-modules id=DIR/id")
-    s.add_argument("--show-ids", type=int, default=0, metavar="K",
+    s.add_argument("--show-ids", type=nonneg_int, default=0, metavar="K",
                    help="list up to K adapter ids under each GPU")
-    s.add_argument("--force", action="store_true", help="overwrite output files")
+    s.add_argument("--force", action="store_true", help="overwrite --json / --vllm-args files")
+    s.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     s.set_defaults(func=cmd_solve)
-    g = sub.add_parser("generate", help="write a benchmark instance set")
-    g.add_argument("--set", required=True, choices=SETS)
-    g.add_argument("--out", required=True)
-    g.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("generate", help="write a benchmark instance set", formatter_class=fmt,
+                       epilog=EXIT_CODES_EPILOG)
+    g.add_argument("--set", required=True, choices=SETS,
+                   help="paper: the earlier study's scenarios; small: 36 for exact solving; "
+                        "large: 1,000-10,000 adapters")
+    g.add_argument("--out", required=True, help="directory to write the instances to")
+    g.add_argument("--seed", type=seed_type, default=0, help="generator seed (0 .. 2^32-1)")
     g.add_argument("--force", action="store_true", help="overwrite existing files")
     g.set_defaults(func=cmd_generate)
-    m = sub.add_parser("methods", help="list the registered methods")
+    m = sub.add_parser("methods", help="list the registered methods", epilog=EXIT_CODES_EPILOG)
     m.set_defaults(func=cmd_methods)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if getattr(a, "gpus", None) is not None and a.gpus < 1:
-        print("error: --gpus must be >= 1", file=sys.stderr)
-        return 2
-    return a.func(a)
+    return run_command(lambda: a.func(a))

@@ -25,8 +25,10 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
                                                  # gpu_budget (int >= 1)
       "solver": {"time_limit_s": 60, "mip_gap": 0.0, "threads": 0,
                  "max_repair_iterations": 20},   # optional, all keys optional
-      "duration_s": 3600,                        # optional, twin verification window (s)
-      "seed": 0                                  # optional, int >= 0: workload + random methods
+      "duration_s": 3600,                        # optional, twin verification window (s),
+                                                 # <= 604800 (a week) and <= 10M requests/GPU
+      "seed": 0                                  # optional, int in [0, 2^32-1]: workload +
+                                                 # random methods
     }
 
 Every GPU type's profile must serve the same base model (one fleet serves one base model).
@@ -45,6 +47,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from twin.lengths import LengthModel, default_lengths, length_model_from_dict, sharegpt_lengths
+from twin.cli_support import SEED_MAX
+from twin.limits import MAX_DURATION_S, MAX_REQUESTS_PER_SERVER
 from twin.profile import GpuProfile, load_profile
 from twin.workload import Adapter, load_adapters_csv
 
@@ -397,20 +401,46 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
     objective = _objective(src, d.get("objective"), sum(t.count for t in gpu_types))
     solver = _solver(src, d.get("solver"))
     dur = _num(src, "duration_s", d.get("duration_s", DEFAULT_DURATION_S), lo=0.0, lo_open=True)
+    try:
+        check_twin_window(adapters, sum(t.count for t in gpu_types), dur)
+    except ValueError as e:
+        raise InstanceError(src, "duration_s", str(e)) from None
     seed = _int(src, "seed", d.get("seed", 0), 0)
+    if seed > SEED_MAX:
+        raise InstanceError(src, "seed", f"must be <= {SEED_MAX}, got {seed}")
     return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
                     lengths_spec=spec, starvation_threshold=thr, objective=objective,
                     solver=solver, duration_s=dur, seed=seed, description=desc, source=source)
+
+
+def check_twin_window(adapters: Sequence[Adapter], n_gpus: int, duration_s: float) -> None:
+    """Refuse a verification window the twin cannot hold in memory: longer than
+    ``twin.limits.MAX_DURATION_S``, or more expected requests than the per-server limit times
+    the GPUs of the pool (``ValueError`` with the value, the limit and the reason)."""
+    if duration_s > MAX_DURATION_S:
+        raise ValueError(f"{duration_s:g} s exceeds the twin's limit of {MAX_DURATION_S:g} s "
+                         "(a week of simulated time)")
+    rate = sum(a.rate for a in adapters)
+    expected = rate * duration_s
+    if expected > MAX_REQUESTS_PER_SERVER * n_gpus:
+        raise ValueError(f"{duration_s:g} s at {rate:g} req/s is about {expected:,.0f} requests, "
+                         f"more than the twin's limit of {MAX_REQUESTS_PER_SERVER:,} per GPU x "
+                         f"{n_gpus} GPUs (each request is held in memory); shorten the window")
 
 
 def load_instance(path: str | os.PathLike) -> Instance:
     """Read and validate an instance JSON file (``InstanceError`` names the field on failure)."""
     p = Path(path)
     src = str(p)
+    if p.is_dir():
+        raise InstanceError(src, "$", "is a directory, not an instance JSON file")
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise InstanceError(src, "$", f"cannot read file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise InstanceError(src, "$", f"not a text (UTF-8 JSON) file: byte {e.start} "
+                                      f"is {e.object[e.start:e.start + 1]!r}") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:

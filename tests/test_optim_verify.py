@@ -50,12 +50,10 @@ def test_cli_solve_writes_json_and_vllm_args(tmp_path, capsys):
     rec = json.loads(out.read_text())
     assert rec["gpus_used"] == 1 and rec["gpus"][0]["verified"]["starved"] is False
     assert json.loads(va.read_text())["gpus"][0]["args"][0] == "--enable-lora"
-    try:
-        main(["solve", str(inst_path), "--method", "maxbase", "--no-verify", "--json", str(out)])
-    except SystemExit as e:                                # refuses to overwrite without --force
-        assert "--force" in str(e)
-    else:
-        raise AssertionError("overwrote an existing --json file")
+    # refuses to overwrite without --force, before solving
+    assert main(["solve", str(inst_path), "--method", "maxbase", "--no-verify",
+                 "--json", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
 
 
 def test_cli_generate_refuses_overwrite(tmp_path, capsys):

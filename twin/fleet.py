@@ -12,6 +12,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from .cli_support import progress
 from .lengths import LengthModel
 from .metrics import RunMetrics
 from .profile import GpuProfile, load_profile
@@ -62,6 +63,10 @@ def check_shares(gpus: Sequence[GpuAssignment], tol: float = 1e-6) -> None:
             raise ValueError(f"adapter '{aid}': routing shares sum to {s:.6f}, not 1")
 
 
+# set by command lines (``optim solve`` without --quiet): a progress bar over simulated GPUs
+show_progress = False
+
+
 def _simulate_one(args: tuple) -> RunMetrics:
     profile, gpu, duration_s, lengths, seed = args
     prof = profile if isinstance(profile, GpuProfile) else load_profile(profile)
@@ -86,10 +91,14 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
         raise ValueError(f"seeds: {len(seeds)} given for {len(gpus)} GPUs")
     jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g if seeds is None else int(seeds[g]))
             for g, gpu in enumerate(gpus)]
+    def shown(results):
+        return tuple(progress(results, total=len(jobs), desc="twin replay", unit="GPU",
+                              quiet=not show_progress))
+
     if pool is not None:
-        return FleetResult(tuple(pool.map(_simulate_one, jobs)))
+        return FleetResult(shown(pool.map(_simulate_one, jobs)))
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(jobs) == 1:
-        return FleetResult(tuple(_simulate_one(j) for j in jobs))
+        return FleetResult(shown(_simulate_one(j) for j in jobs))
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
-        return FleetResult(tuple(ex.map(_simulate_one, jobs)))
+        return FleetResult(shown(ex.map(_simulate_one, jobs)))
