@@ -143,6 +143,12 @@ def add_budget(m, P, E, v: Vars) -> None:
         m.Add(sum(v.y.values()) <= P.gpu_budget)
 
 
+def add_lower_bound(m, P, E, v: Vars) -> None:
+    """sum_g y[g] >= LB for a proven GPU lower bound LB (gpus objective; redundant)."""
+    if P.objective == "gpus" and P.gpu_lower_bound > 0:
+        m.Add(sum(v.y.values()) >= P.gpu_lower_bound)
+
+
 def set_objective(m, P, E, v: Vars) -> float:
     """gpus: min sum y; cost: min sum price y (prices in cents); latency: min sum itl_p w[g,p]
     with w[g,p] <= cap_p z[g,p], sum_p w[g,p] = load_g. Returns the objective scale."""
@@ -175,6 +181,7 @@ def build_model(P: PackingProblem, symmetry: bool = True):
         add_symmetry_breaking(m, P, E, v)
     add_cuts(m, P, E, v)
     add_budget(m, P, E, v)
+    add_lower_bound(m, P, E, v)
     scale = set_objective(m, P, E, v)
     return m, E, v, scale
 

@@ -30,11 +30,14 @@ bounds and where the capacity model came from.
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 from typing import Any, Sequence
 
 from ..instance import Instance
 from ..placement import GpuMetrics, Placement, plan_gpu
+from ..verify import verify as twin_verify
 from .bounds import infeasible_adapters, lower_bounds
 from .capacity import build_problem
 from .common import SolveResult
@@ -45,27 +48,37 @@ DEFAULT_MAX_ITERATIONS = 30
 CUT_MODES = ("capacity", "exact", "superset")
 
 
-def heuristic_solution(inst: Instance, objective, P: PackingProblem
-                       ) -> tuple[str | None, list[tuple[int, list[int]]] | None]:
-    """(method name, solution as (type index, adapter indices) per GPU) from the best available
-    heuristic: ``greedy`` when registered, else ``maxbase``; ``None`` when it splits adapters
-    or fails."""
+def heuristic_solution(inst: Instance, objective, P: PackingProblem, verify: bool = False,
+                       duration_s: float | None = None, workers: int | None = None
+                       ) -> tuple[str | None, list[tuple[int, list[int]]] | None,
+                                  Placement | None]:
+    """(method name, solution as (type index, adapter indices) per GPU, the placement) from the
+    best available heuristic: ``greedy`` when registered, else ``maxbase``. With ``verify`` the
+    heuristic runs as ``optim solve --verify`` runs it (twin repair, compaction), so an accepted
+    placement is a twin-accepted incumbent. The solution is ``None`` when the heuristic splits
+    adapters or fails."""
     from ..methods import MethodOptions, get_method, method_names
     name = "greedy" if "greedy" in method_names() else "maxbase"
+    info = get_method(name)
+    extra = {}
+    if verify and info.repairs:
+        extra = {"repair": True, "duration_s": duration_s, "workers": workers}
     try:
-        p = get_method(name).fn(inst, objective, MethodOptions(seed=inst.seed))
+        p = info.fn(inst, objective, MethodOptions(seed=inst.seed, extra=extra))
+        if verify and p.gpus and p.verdict is None:
+            p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
     except Exception:       # a heuristic failing must not stop the exact method
-        return name, None
+        return name, None, None
     if not p.gpus:
-        return name, None
+        return name, None, p
     idx = {a: i for i, a in enumerate(P.ids)}
     tix = {t.name: k for k, t in enumerate(P.types)}
     out = []
     for g in p.gpus:
         if any(s < 1 - 1e-9 for _, s in g.adapters) or g.gpu_type not in tix:
-            return name, None
+            return name, None, p
         out.append((tix[g.gpu_type], [idx[a.id] for a, _ in g.adapters]))
-    return name, out
+    return name, out, p
 
 
 def _preferred_config(P: PackingProblem, t: int, p: int, items: Sequence[int]) -> int:
@@ -145,6 +158,79 @@ def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence[in
     return CapacityCut(t, rank, amax, sum(P.xs[i] for i in items), load)
 
 
+def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int | None,
+                 starts: Sequence[tuple[str, Sequence[tuple[int, Sequence[int]]]]],
+                 seed: int) -> tuple[SolveResult, dict[str, Any]]:
+    """One solve of ``P`` before ``deadline``: the arc-flow model when it is exact for ``P``
+    (``arcflow.applicable``; LP bound and an LP dive first), else the assignment model with the
+    pool cut down to what can beat the best start. Returns the result and a record of how."""
+    from . import arcflow
+    from .common import effective, warm_start_solution
+    from .cpsat import solve_cpsat
+    from .first_fit import solution_value
+    from .milp import solve_milp
+
+    info: dict[str, Any] = {}
+    E = effective(P)
+    feasible_starts = [(name, sol) for name, sol in starts
+                       if warm_start_solution(P, E, sol) is not None]
+    best = min(feasible_starts, key=lambda s: solution_value(P, s[1]), default=None)
+    info["start"] = best[0] if best else None
+    reason = arcflow.applicable(P)
+    G = arcflow.build_graph(P) if reason is None else None
+    if reason is None and G is None:
+        reason = "arc-flow graph above its size limit"
+    info["model"] = "arcflow" if G is not None else "assignment"
+    if G is not None:
+        info["n_arcs"] = G.n_arcs
+        dive = arcflow.lp_dive(P, G, min(deadline, time.perf_counter()
+                                         + 0.5 * max(0.0, deadline - time.perf_counter())),
+                               threads=threads)
+        info.update({"lp_bound": dive.lp_value, "lp_dive_s": round(dive.wall_s, 3),
+                     "lp_solves": dive.solves,
+                     "dive_gpus": len(dive.gpus) if dive.gpus is not None else None})
+        lb = P.gpu_lower_bound
+        if dive.lp_value is not None and P.objective == "gpus":
+            lb = max(lb, math.ceil(dive.lp_value - 1e-6))
+        Pl = replace(P, gpu_lower_bound=lb)
+        hint = None
+        if dive.gpus is not None:
+            dive_sol = [(t, list(items)) for t, _, items in dive.gpus]
+            if best is None or solution_value(P, dive_sol) < solution_value(P, best[1]):
+                best = ("lp-dive", dive_sol)
+                info["start"] = "lp-dive"
+        if best is not None:
+            hint = arcflow.hint_flows(G, P, best[1])
+        fn = arcflow.solve_arcflow_milp if solver == "milp" else arcflow.solve_arcflow_cpsat
+        kw = {"seed": seed} if solver == "cpsat" else {}
+        r = fn(Pl, G, max(0.1, deadline - time.perf_counter()), threads=threads, hint=hint, **kw)
+        if r.bound is not None and P.objective == "gpus":
+            r = replace(r, bound=max(r.bound, float(lb)))
+        return r, info
+    info["why_not_arcflow"] = reason
+    Pm = P
+    if best is not None and P.objective in ("gpus", "cost"):
+        # a better solution uses fewer GPUs (gpus) or less money (cost) than the best start
+        val = solution_value(P, best[1])
+        Pm = replace(P, max_slots={t: min(spec.count, int(val // max(P.slot_weight(t), 1e-9)))
+                                   for t, spec in enumerate(P.types)})
+    fn = solve_milp if solver == "milp" else solve_cpsat
+    r = fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
+           warm_start=best[1] if best else None)
+    return r, info
+
+
+def _start_result(P: PackingProblem, solver: str, sol, name: str, wall: float) -> SolveResult:
+    """A feasible result made of a start solution (when the solver found nothing better)."""
+    from .common import effective, warm_start_solution
+    from .first_fit import solution_value
+    E = effective(P)
+    s = warm_start_solution(P, E, sol)
+    gpus = tuple((t, E.orig[t][p], items) for t, p, items in s)
+    return SolveResult(solver, "feasible", solution_value(P, sol), None, wall, gpus, True,
+                       {"termination": f"time limit; best start ({name}) returned"})
+
+
 def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 time_limit_s: float | None = None, threads: int | None = None,
                 warm_start: bool = True, verify: bool = True, duration_s: float | None = None,
@@ -154,9 +240,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 method_name: str | None = None) -> Placement:
     """Exact placement with the twin in the loop (module docstring)."""
     from ..objectives import make_objective
-    from ..verify import verify as twin_verify
-    from .cpsat import solve_cpsat
-    from .milp import solve_milp
+    from .first_fit import best_start, solution_value
 
     if solver not in ("milp", "cpsat"):
         raise ValueError(f"solver: must be 'milp' or 'cpsat', got {solver!r}")
@@ -171,8 +255,10 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         inst.solver.max_repair_iterations if inst.solver.max_repair_iterations is not None
         else DEFAULT_MAX_ITERATIONS)
     t_start = time.perf_counter()
+    deadline = t_start + tl
     P = problem or build_problem(inst, obj.name, getattr(obj, "gpu_budget", None), models=models)
     sources = sorted({t.source for t in P.types})
+    constant = all(t.source == "constant" for t in P.types)
     bad = infeasible_adapters(P)
     params: dict[str, Any] = {"solver": solver, "capacity_source": sources,
                               "time_limit_s": tl, "cut_mode": cut_mode}
@@ -181,13 +267,29 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         return Placement(inst.name, method, "infeasible", objective=obj.name, params=params,
                          notes=(f"{len(bad)} adapter(s) fit no configuration of any GPU type "
                                 f"(rank, load or memory): {', '.join(ids[:5])}",))
-    if bounds:
-        b = lower_bounds(P, lp=True, time_limit_s=min(10.0, tl), threads=threads)
-        params["bounds"] = b.to_dict()
-    start = None
-    if warm_start:
-        hname, start = heuristic_solution(inst, obj, P)
+    b = lower_bounds(P, lp=False)
+    params["bounds"] = b.to_dict()
+    if P.objective == "gpus":
+        P = replace(P, gpu_lower_bound=int(b.best))
+    starts: list[tuple[str, list]] = []
+    ff = best_start(P)
+    if ff is not None:
+        starts.append(ff)
+    incumbent: Placement | None = None          # best twin-accepted placement so far
+    if warm_start and not constant:
+        hname, hsol, hplace = heuristic_solution(inst, obj, P, verify=verify,
+                                                 duration_s=duration_s, workers=workers)
         params["warm_start_method"] = hname
+        if hsol is not None:
+            starts.append((hname, hsol))
+        if verify and hplace is not None and hplace.verdict == "accepted" \
+                and hplace.status in ("solved", "optimal"):
+            incumbent = hplace
+    params["starts"] = {name: solution_value(P, sol) for name, sol in starts}
+    if bounds and not constant and time.perf_counter() < deadline - 1.0:
+        lp_s = min(10.0, 0.15 * (deadline - time.perf_counter()))
+        b = lower_bounds(P, lp=True, time_limit_s=lp_s, threads=threads)
+        params["bounds"] = b.to_dict()
     iterations = []
     cuts: list[Cut] = []
     cap_cuts: list[CapacityCut] = []
@@ -196,16 +298,21 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     placement = None
     r = None
     for it in range(max_it + 1):
-        left = tl - (time.perf_counter() - t_start)
+        left = deadline - time.perf_counter()
         if left <= 0.5 and r is not None:
             break
         Pc = P.with_cuts(cuts).with_capacity_cuts(cap_cuts)
-        fn = solve_milp if solver == "milp" else solve_cpsat
-        r = fn(Pc, time_limit_s=max(1.0, left), threads=threads, warm_start=start)
+        r, how = _model_solve(Pc, solver, deadline, threads, starts, inst.seed)
+        if r.status == "unknown" and starts and r.objective is None:
+            name, sol = min(starts, key=lambda s: solution_value(P, s[1]))
+            from .common import effective, warm_start_solution
+            if warm_start_solution(Pc, effective(Pc), sol) is not None:
+                r = replace(_start_result(Pc, solver, sol, name, r.solve_time_s),
+                            bound=r.bound)
         rec = {"iteration": it, "status": r.status, "objective": r.objective, "bound": r.bound,
                "gap": r.gap, "solve_time_s": round(r.solve_time_s, 3),
                "warm_start_used": r.warm_start_used, "cuts": len(cuts) + len(cap_cuts),
-               "termination": r.details.get("termination")}
+               "termination": r.details.get("termination"), **how}
         if r.status in ("infeasible", "unknown"):
             iterations.append(rec)
             placement = to_placement(inst, Pc, r, method)
@@ -221,6 +328,9 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         iterations.append(rec)
         if placement.verdict == "accepted":
             break
+        if incumbent is not None and r.objective is not None and P.objective == "gpus" \
+                and r.objective >= incumbent.n_gpus:
+            break               # the model cannot beat the twin-accepted incumbent any more
         if cut_mode == "capacity":
             new = capacity_cuts(inst, Pc, [(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
                                             [idx[a.id] for a, _ in g.adapters],
@@ -234,25 +344,73 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 cuts.append(Cut(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
                                 frozenset(idx[a.id] for a, _ in g.adapters),
                                 superset=cut_mode == "superset"))
-        start = None            # the previous solution violates the new cuts
+        # the previous solution violates the new cuts; the starts are re-checked per solve
     assert r is not None and placement is not None
-    params.update({"status": r.status, "objective": r.objective, "best_bound": r.bound,
-                   "gap": r.gap, "solve_time_s": sum(x["solve_time_s"] for x in iterations),
+    best_bound = _best_bound(P, r, b)
+    params.update({"status": r.status, "objective": r.objective, "model_bound": r.bound,
+                   "best_bound": best_bound,
+                   "gap": _gap(r.objective, best_bound),
+                   "solve_time_s": sum(x["solve_time_s"] for x in iterations),
                    "iterations": iterations, "n_iterations": len(iterations),
                    "n_cuts": len(cuts) + len(cap_cuts), "threads": threads,
+                   "warm_start_used": any(x["warm_start_used"] for x in iterations),
                    "capacity_cuts": [{"type": P.types[c.type_index].name, "rank": c.rank,
                                       "amax": c.amax, "x": c.x, "load_tps": c.load / LOAD_SCALE}
-                                     for c in cap_cuts],
-                   "wall_s": time.perf_counter() - t_start})
+                                     for c in cap_cuts]})
     notes = list(placement.notes)
     if r.status == "infeasible":
         notes.append("the exact model proved that no placement satisfies the capacity model"
                      + (f" and the {len(cuts) + len(cap_cuts)} twin cut(s)"
                         if cuts or cap_cuts else ""))
-    if verify and placement.verdict == "rejected":
+    if r.status == "unknown":
+        notes.append(f"no placement found within {tl:g} s (best bound {best_bound:g})")
+    model_optimal = r.status == "optimal"
+    if verify and incumbent is not None and (
+            placement.verdict != "accepted"
+            or (P.objective == "gpus" and incumbent.n_gpus < placement.n_gpus)
+            or (P.objective == "cost" and obj.value(incumbent) < obj.value(placement) - 1e-9)):
+        why = ("the twin rejects the model's placement" if placement.verdict != "accepted"
+               else f"the model's placement uses {placement.n_gpus} GPUs")
+        notes.append(f"{why}; returning the twin-accepted {incumbent.method} placement "
+                     f"({incumbent.n_gpus} GPUs) found as warm start")
+        if model_optimal and placement.verdict == "accepted":
+            notes.append(f"the {sources[0].split(':')[0]} model's proven optimum "
+                         f"({r.objective:g}) is above a twin-accepted placement: the model is "
+                         "conservative here")
+        placement = incumbent.with_(method=method, status="solved", best_bound=best_bound,
+                                    params={**incumbent.params})
+        model_optimal = False
+    elif verify and placement.verdict == "rejected":
         notes.append(f"twin still rejects after {len(iterations)} iteration(s) "
-                     "(iteration or time limit)")
+                     "(iteration or time limit); no twin-accepted placement is known")
+    claim = None
+    if model_optimal:
+        claim = ("optimal for the constant capacities" if constant
+                 else "optimal for the surrogate (as corrected by the twin's cuts)")
     if any(s.startswith("provisional") for s in sources):
         notes.append("capacity model: provisional twin-measured table (no trained "
                      "surrogates/trained/<profile>/capacity.json yet)")
-    return placement.with_(params=params, notes=tuple(notes), objective=obj.name)
+    params["claim"] = claim
+    params["wall_s"] = time.perf_counter() - t_start
+    status = placement.status
+    if status == "optimal" and not model_optimal:
+        status = "solved"
+    return placement.with_(params={**placement.params, **params}, notes=tuple(notes),
+                           objective=obj.name, status=status, best_bound=best_bound)
+
+
+def _best_bound(P: PackingProblem, r: SolveResult, b) -> float:
+    """The best lower bound from any source: the solver's, L1/L2/count and the LP value."""
+    vals = [v for v in (r.bound, b.best) if v is not None]
+    best = max(vals) if vals else 0.0
+    if r.status == "optimal" and r.objective is not None:
+        best = max(best, r.objective)
+    return float(best)
+
+
+def _gap(objective: float | None, bound: float | None) -> float | None:
+    if objective is None or bound is None:
+        return None
+    if objective == 0:
+        return 0.0
+    return max(0.0, (objective - bound) / abs(objective))

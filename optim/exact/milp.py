@@ -167,6 +167,13 @@ def set_objective(m, P: PackingProblem, E: Effective) -> None:
                               sense=pyo.minimize)
 
 
+def add_lower_bound(m, P: PackingProblem, E: Effective) -> None:
+    """A proven GPU lower bound LB (gpus objective):  sum_g y[g] >= LB. Redundant for the
+    integer optimum; it lifts the LP bound to LB at once."""
+    if P.objective == "gpus" and P.gpu_lower_bound > 0:
+        m.lower_bound = pyo.Constraint(expr=sum(m.y[g] for g in m.G) >= P.gpu_lower_bound)
+
+
 def build_model(P: PackingProblem, relax: bool = False, symmetry: bool = True):
     """The Pyomo model (every family above) and the effective data."""
     E = effective(P)
@@ -182,6 +189,7 @@ def build_model(P: PackingProblem, relax: bool = False, symmetry: bool = True):
         add_symmetry_breaking(m, P, E)
     add_cuts(m, P, E)
     add_budget(m, P, E)
+    add_lower_bound(m, P, E)
     set_objective(m, P, E)
     return m, E
 

@@ -131,7 +131,8 @@ class CapacityCut:
 class PackingProblem:
     """Adapters (ids, ranks, integer loads, integer piece-feature values), GPU types and slots,
     objective, cuts. ``slots[g]`` is the type index of GPU slot ``g``; slots of one type are
-    contiguous. ``load_tps`` keeps the real-valued loads for reports."""
+    contiguous. ``load_tps`` keeps the real-valued loads for reports. ``gpu_lower_bound`` is a
+    proven lower bound on the GPU count that the models add as a (redundant) constraint."""
 
     name: str
     ids: tuple[str, ...]
@@ -146,6 +147,7 @@ class PackingProblem:
     cuts: tuple[Cut, ...] = ()
     max_slots: dict[int, int] | None = None
     notes: tuple[str, ...] = field(default=())
+    gpu_lower_bound: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -276,16 +278,27 @@ class PackingProblem:
         return problems
 
 
+def _near_integer(v: float) -> int | None:
+    """``round(v)`` when ``v`` is an integer up to floating-point noise (1e-9 relative: a rate
+    given as ``load / mean_tokens`` comes back as ``load`` only up to rounding), else None."""
+    r = round(v)
+    return int(r) if abs(v - r) <= 1e-9 * max(1.0, abs(v)) else None
+
+
 def scale_load(load_tps: float) -> int:
     """Load in integer units, rounded up (conservative)."""
-    return int(math.ceil(load_tps * LOAD_SCALE - 1e-9))
+    v = load_tps * LOAD_SCALE
+    near = _near_integer(v)
+    return near if near is not None else int(math.ceil(v))
 
 
 def scale_cap(cap_tps: float) -> int:
     """Capacity in integer units, rounded down (conservative)."""
     if not math.isfinite(cap_tps):
         return 2**53
-    return int(math.floor(cap_tps * LOAD_SCALE + 1e-9))
+    v = cap_tps * LOAD_SCALE
+    near = _near_integer(v)
+    return near if near is not None else int(math.floor(v))
 
 
 def scale_interval(lo: float, hi: float, integral: bool) -> tuple[int, int]:
