@@ -20,8 +20,9 @@ Target loads are log-uniform over [1.5k, 25k] tok/s (70 %, around a GPU's capaci
 benchmark's size sets. Lengths: the default ShareGPT-like model (50 %) or rescaled to mean
 input in [150, 320] and output in [130, 280] tokens.
 
-Resumability: finished scenarios are written to ``<out>.parts/part-*.parquet`` as they finish and
-merged into ``<out>`` at the end (existing rows are kept as they are; a rerun skips every scenario
+Resumability: finished scenarios are written to ``<out>.parts/part-*.parquet`` as they finish
+(every ``flush_every`` scenarios or ``flush_seconds``, and when the build is interrupted by
+Ctrl-C or SIGTERM, which stop it after the scenarios already finished are saved) and merged into ``<out>`` at the end (existing rows are kept as they are; a rerun skips every scenario
 already present in the file or its parts). File metadata (profile name and content hash, seed,
 duration, client cap, schema version) must match on resume, else a ValueError names the field.
 """
@@ -64,6 +65,11 @@ DEFAULT_DURATION_S = 3600.0
 # the shared benchmark's client could not keep more than ~25.5k requests waiting (see
 # experiments/twin_fidelity.py); overloaded throughput depends on it, so the dataset uses it too
 DEFAULT_CLIENT_MAX_WAITING = 25_500
+# finished scenarios are saved every DEFAULT_FLUSH_EVERY scenarios or DEFAULT_FLUSH_SECONDS,
+# whichever comes first, and on Ctrl-C / SIGTERM: a killed build loses at most the scenarios
+# still running (one per worker) plus those finished in the last few seconds
+DEFAULT_FLUSH_EVERY = 50
+DEFAULT_FLUSH_SECONDS = 5.0
 
 OUTCOMES = ("throughput_tps", "offered_tps", "offered_realised_tps", "starved", "memory_error",
             "mean_itl_ms", "p99_itl_ms", "mean_ttft_ms", "ttft_paper_ms", "preemptions",
@@ -181,11 +187,21 @@ def _lengths(mean_in: float, mean_out: float):
     return sharegpt_lengths(mean_in, mean_out)
 
 
+# profile fields that record where and when a profile was made, not what the twin simulates:
+# kept out of the hash so recalibrating from the same data on another machine or day (the
+# README's regenerate command) does not make trained surrogates look stale
+PROVENANCE_FIELDS = ("source", "fit_report")
+
+
+def _simulated_content(d: dict) -> bytes:
+    return json.dumps({k: v for k, v in d.items() if k not in PROVENANCE_FIELDS},
+                      sort_keys=True).encode()
+
+
 def profile_hash(name: str) -> str:
-    """sha256 (first 16 hex) of a profile's canonical JSON: detects recalibrated profiles."""
-    p = _profile(name)
-    blob = json.dumps(p.to_dict(), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    """sha256 (first 16 hex) of what a profile makes the twin simulate (its canonical JSON
+    without the provenance fields): detects recalibrated profiles."""
+    return hashlib.sha256(_simulated_content(_profile(name).to_dict())).hexdigest()[:16]
 
 
 def twin_source_hash() -> str:
@@ -196,7 +212,13 @@ def twin_source_hash() -> str:
     h = hashlib.sha256()
     for f in sorted(list(root.glob("*.py")) + list((root / "profiles").glob("*.json"))):
         h.update(f.name.encode())
-        h.update(f.read_bytes())
+        data = f.read_bytes()
+        if f.suffix == ".json":
+            try:
+                data = _simulated_content(json.loads(data))
+            except (ValueError, AttributeError):
+                pass
+        h.update(data)
     return h.hexdigest()[:16]
 
 
@@ -245,11 +267,24 @@ def _parts_dir(out: Path) -> Path:
     return out.with_name(out.name + ".parts")
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:   # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"data: {path} is not a readable Parquet dataset ({e})") from None
+
+
 def _read_meta(path: Path) -> dict | None:
     import pyarrow.parquet as pq
-    md = pq.read_schema(path).metadata or {}
+    try:
+        md = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"data: {path} is not a readable Parquet dataset ({e})") from None
     raw = md.get(META_KEY)
-    return json.loads(raw) if raw else None
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        raise ValueError(f"data: {path}: damaged dataset metadata") from None
 
 
 def _write_table(df: pd.DataFrame, path: Path, meta: dict) -> None:
@@ -281,8 +316,10 @@ def load_dataset(path: str | os.PathLike) -> pd.DataFrame:
     """
     path = Path(path)
     frames, meta = [], None
+    if path.is_dir():
+        raise ValueError(f"data: {path} is a directory, expected a Parquet dataset file")
     if path.exists():
-        frames.append(pd.read_parquet(path))
+        frames.append(_read_parquet(path))
         meta = _read_meta(path)
     parts = sorted(_parts_dir(path).glob("part-*.parquet")) if _parts_dir(path).exists() else []
     for p in parts:
@@ -290,7 +327,7 @@ def load_dataset(path: str | os.PathLike) -> pd.DataFrame:
         if meta is not None:
             _check_meta(pm, meta, p)
         meta = meta or pm
-        frames.append(pd.read_parquet(p))
+        frames.append(_read_parquet(p))
     if not frames:
         raise ValueError(f"data: no dataset at {path}")
     df = pd.concat(frames, ignore_index=True)
@@ -325,20 +362,53 @@ def merge_parts(out: str | os.PathLike) -> int:
 
 
 # ------------------------------------------------------------------------------ backends
+def _ignore_interrupts() -> None:
+    """Worker start-up: Ctrl-C and SIGTERM are the parent's to handle (a worker interrupted
+    inside the compiled kernel would print a chained numba SystemError)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _iter_local(tasks: list[tuple], workers: int) -> Iterable[list[dict]]:
     if workers <= 1:
         for t in tasks:
             yield _run_task(t)
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futs = [pool.submit(_run_task, t) for t in tasks]
-        try:
-            for f in as_completed(futs):
-                yield f.result()
-        finally:
-            for f in futs:
-                f.cancel()
+    import multiprocessing as mp
+    with mp.get_context().Pool(workers, initializer=_ignore_interrupts) as pool:
+        # leaving the block (done, error or interrupt) terminates the workers at once
+        yield from pool.imap_unordered(_run_task, tasks)
+
+
+class _StopRequest:
+    """Turns Ctrl-C / SIGTERM into a request checked between scenarios, so the scenarios already
+    finished are saved and no signal lands inside the compiled kernel. A second Ctrl-C stops at
+    once."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict = {}
+
+    def __enter__(self) -> "_StopRequest":
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+        if self.signal is not None:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _iter_ray(tasks: list[tuple], workers: int, address: str | None) -> Iterable[list[dict]]:
@@ -371,9 +441,13 @@ def build_dataset(profile: str, samples: int, out: str | os.PathLike, *, backend
                   address: str | None = None, workers: int = 2, seed: int = 0,
                   duration_s: float = DEFAULT_DURATION_S,
                   client_max_waiting: int | None = DEFAULT_CLIENT_MAX_WAITING,
-                  flush_every: int = 200, progress: bool = True,
+                  flush_every: int = DEFAULT_FLUSH_EVERY,
+                  flush_seconds: float = DEFAULT_FLUSH_SECONDS, progress: bool = True,
                   log: Callable[[str], None] = print) -> dict:
-    """Build (or resume) a dataset of ``samples`` scenarios; returns a summary dict."""
+    """Build (or resume) a dataset of ``samples`` scenarios; returns a summary dict.
+
+    Finished scenarios are saved every ``flush_every`` scenarios or ``flush_seconds``; Ctrl-C or
+    SIGTERM saves them and raises ``KeyboardInterrupt`` (rerun the same call to resume)."""
     from twin.profile import available_profiles
     if profile not in available_profiles() and not Path(profile).exists():
         raise ValueError(f"profile: unknown profile {profile!r}; available: {available_profiles()}")
@@ -385,6 +459,10 @@ def build_dataset(profile: str, samples: int, out: str | os.PathLike, *, backend
         raise ValueError(f"workers: must be a positive integer, got {workers!r}")
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s: must be > 0, got {duration_s!r}")
+    if isinstance(flush_every, bool) or int(flush_every) != flush_every or flush_every < 1:
+        raise ValueError(f"flush_every: must be a positive integer, got {flush_every!r}")
+    if not (math.isfinite(flush_seconds) and flush_seconds > 0):
+        raise ValueError(f"flush_seconds: must be > 0, got {flush_seconds!r}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     prof = _profile(profile)
@@ -414,8 +492,12 @@ def build_dataset(profile: str, samples: int, out: str | os.PathLike, *, backend
         from tqdm import tqdm
         bar = tqdm(total=len(tasks), desc=f"scenarios ({prof.name})", unit="sc", smoothing=0.05)
 
+    last_flush = time.monotonic()
+    pending = 0
+
     def flush() -> None:
-        nonlocal buf
+        nonlocal buf, last_flush, pending
+        last_flush, pending = time.monotonic(), 0
         if not buf:
             return
         pdir.mkdir(parents=True, exist_ok=True)
@@ -423,19 +505,29 @@ def build_dataset(profile: str, samples: int, out: str | os.PathLike, *, backend
         _write_table(pd.DataFrame(buf), name, meta)
         buf = []
 
-    try:
-        for rows in it:
-            buf.extend(rows)
-            n_done += 1
-            n_rows += len(rows)
+    with _StopRequest() as stop:
+        try:
+            for rows in it:
+                buf.extend(rows)
+                n_done += 1
+                pending += 1
+                n_rows += len(rows)
+                if bar is not None:
+                    bar.update(1)
+                if pending >= flush_every or time.monotonic() - last_flush >= flush_seconds:
+                    flush()
+                if stop.signal is not None:
+                    break
+        finally:
             if bar is not None:
-                bar.update(1)
-            if n_done % flush_every == 0:
-                flush()
-    finally:
-        flush()
-        if bar is not None:
-            bar.close()
+                bar.close()
+            flush()
+            if hasattr(it, "close"):
+                it.close()            # terminates the worker pool
+    if stop.signal is not None:
+        log(f"build: stopped by signal {stop.signal} after {n_done} scenarios; they are saved "
+            f"in {pdir}")
+        raise KeyboardInterrupt
     elapsed = time.perf_counter() - t0
     total = merge_parts(out) if (out.exists() or pdir.exists()) else 0
     rate = 60.0 * n_done / elapsed if elapsed > 0 and n_done else float("nan")

@@ -42,6 +42,7 @@ from .dataset import AMAX_GRID
 from .domain import validate
 from .features import ADDITIVE, FEATURES, IDX, RANK_CLASSES
 from .memory import KvTable
+from .model_files import ModelFileError, file_context, read_json
 
 DEFAULT_BREAKS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 513)
 FORMAT_VERSION = 1
@@ -300,15 +301,14 @@ class CapacityModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CapacityModel":
-        try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"model: file not found: {path}") from None
+        d = read_json(path)
         if d.get("kind") != "capacity":
-            raise ValueError(f"model {path}: kind is {d.get('kind')!r}, expected 'capacity'")
-        m = cls(kv_capacity=d["kv_capacity"], x_feature=d["x_feature"], breaks=d["breaks"],
-                amax_grid=d["amax_grid"], min_rows=d["min_rows"], monotone=d["monotone"])
-        m.kv_ = KvTable.from_json(d["kv_capacity"])
-        m.pieces_ = [Piece(**p) for p in d["pieces"]]
-        m._index()
+            raise ModelFileError(f"model file {path}: kind is {d.get('kind')!r}, expected "
+                                 "'capacity'")
+        with file_context(path):
+            m = cls(kv_capacity=d["kv_capacity"], x_feature=d["x_feature"], breaks=d["breaks"],
+                    amax_grid=d["amax_grid"], min_rows=d["min_rows"], monotone=d["monotone"])
+            m.kv_ = KvTable.from_json(d["kv_capacity"])
+            m.pieces_ = [Piece(**p) for p in d["pieces"]]
+            m._index()
         return m

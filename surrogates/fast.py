@@ -26,6 +26,7 @@ import numpy as np
 from .domain import Domain, validate
 from .features import FEATURES, IDX, RANK_CLASSES
 from .memory import KvTable
+from .model_files import ModelFileError, field, file_context, open_npz, read_json, require
 from .oblivious import ObliviousForest, fit_oblivious, oblivious_sum
 
 FORMAT_VERSION = 1
@@ -153,17 +154,22 @@ class FastModel:
     @classmethod
     def load(cls, stem: str | Path) -> "FastModel":
         stem = Path(stem)
-        try:
-            meta = json.loads(stem.with_suffix(".json").read_text())
-        except FileNotFoundError:
-            raise ValueError(f"model: file not found: {stem.with_suffix('.json')}") from None
+        jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
+        meta = read_json(jpath)
         if meta.get("kind") != "fast" or meta.get("features") != list(FEATURES):
-            raise ValueError(f"model {stem}: not a fast model for this code's FEATURES")
-        with np.load(stem.with_suffix(".npz"), allow_pickle=False) as z:
+            raise ModelFileError(f"model file {jpath}: not a fast model for this code's FEATURES")
+        with open_npz(npath) as z, file_context(npath):
             a = ObliviousForest.from_arrays(z, "thr_")
             b = ObliviousForest.from_arrays(z, "starve_")
-        return cls(a, b, KvTable.from_json(meta["kv_capacity"]), Domain.from_json(meta["domain"]),
-                   meta.get("info"))
+            for f in (a, b):
+                require(f.feat.ndim == 2 and f.thr.shape == f.feat.shape
+                        and f.leaf.shape == (f.feat.shape[0], 2 ** f.feat.shape[1])
+                        and f.feat.size > 0 and f.feat.min() >= 0
+                        and f.feat.max() < N_DESIGN, npath,
+                        "tree arrays of inconsistent shapes or feature indices")
+        with file_context(jpath):
+            return cls(a, b, KvTable.from_json(field(meta, "kv_capacity", jpath)),
+                       Domain.from_json(field(meta, "domain", jpath)), meta.get("info"))
 
 
 def synthetic_merges(M: np.ndarray, n: int, domain: Domain, seed: int = 0) -> np.ndarray:

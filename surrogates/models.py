@@ -27,6 +27,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from .domain import Domain, validate
 from .features import FEATURES, IDX, derived_columns
 from .memory import KvTable
+from .model_files import ModelFileError, field, file_context, open_npz, read_json
 from .trees import Forest, from_hgb
 
 FORMAT_VERSION = 1
@@ -113,21 +114,23 @@ class _TreeModel(BaseEstimator):
     @classmethod
     def load(cls, path_stem: str | Path):
         stem = Path(path_stem)
-        try:
-            meta = json.loads(stem.with_suffix(".json").read_text())
-        except FileNotFoundError:
-            raise ValueError(f"model: file not found: {stem.with_suffix('.json')}") from None
+        jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
+        meta = read_json(jpath)
         if meta.get("kind") != cls._kind:
-            raise ValueError(f"model {stem}: kind is {meta.get('kind')!r}, expected {cls._kind!r}")
+            raise ModelFileError(f"model file {jpath}: kind is {meta.get('kind')!r}, "
+                                 f"expected {cls._kind!r}")
         if meta.get("features") != list(FEATURES):
-            raise ValueError(f"model {stem}: feature list differs from this code's FEATURES")
-        m = cls(kv_capacity=meta["kv_capacity"], **meta["params"])
-        m.kv_ = KvTable.from_json(meta["kv_capacity"])
-        m.domain_ = Domain.from_json(meta["domain"])
-        m.n_features_in_ = len(FEATURES)
-        with np.load(stem.with_suffix(".npz"), allow_pickle=False) as z:
+            raise ModelFileError(f"model file {jpath}: feature list differs from this code's "
+                                 "FEATURES (trained by another version; retrain)")
+        with file_context(jpath):
+            m = cls(kv_capacity=field(meta, "kv_capacity", jpath), **field(meta, "params", jpath))
+            m.kv_ = KvTable.from_json(meta["kv_capacity"])
+            m.domain_ = Domain.from_json(field(meta, "domain", jpath))
+            m.n_features_in_ = len(FEATURES)
+        with open_npz(npath) as z, file_context(npath):
             m.forest_ = Forest.from_arrays(z, "")
-        m._load_extra(meta.get("extra", {}))
+        with file_context(jpath):
+            m._load_extra(meta.get("extra", {}))
         return m
 
 

@@ -34,6 +34,7 @@ from .fast import FastModel
 from .features import FEATURES
 from .memory import KvTable
 from .metrics import accuracy
+from .model_files import read_json
 from .models import ItlRegressor, StarvationClassifier, ThroughputRegressor
 
 FULL_PARAMS = dict(max_iter=400, learning_rate=0.05, max_leaf_nodes=31, min_samples_leaf=20)
@@ -71,13 +72,12 @@ class Bundle:
 
 def load_bundle(model_dir: str | os.PathLike) -> Bundle:
     d = Path(model_dir)
-    mf = d / "manifest.json"
-    if not mf.exists():
-        raise ValueError(f"model: {mf} not found (not a trained model directory)")
-    manifest = json.loads(mf.read_text())
+    if not d.is_dir():
+        raise ValueError(f"model: {d} is not a directory (expected a trained model directory)")
+    manifest = read_json(d / "manifest.json", "model manifest")
     try:
         from .dataset import profile_hash
-        cur = profile_hash(manifest["profile"])
+        cur = profile_hash(str(manifest.get("profile")))
         if cur != manifest.get("profile_hash"):
             import warnings
             warnings.warn(f"{d}: trained on twin data of profile hash {manifest.get('profile_hash')}, "

@@ -10,6 +10,7 @@ indices), ``value`` (leaf output), and ``roots`` (first node of each tree). The 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numba as nb
@@ -48,6 +49,30 @@ class Forest:
                 f"{prefix}value": self.value, f"{prefix}roots": self.roots,
                 f"{prefix}base_scale": np.array([self.base, self.scale])}
 
+    def check(self, where: str = "model file") -> "Forest":
+        """Refuse arrays the compiled predictor cannot walk safely (a damaged file): unequal
+        lengths, child or root indices out of range, or a child not after its parent (which
+        could loop forever). Returns ``self``."""
+        n = len(self.feature)
+        for name in ("threshold", "left", "right", "value"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"{where}: array {name!r} has shape {getattr(self, name).shape}, "
+                                 f"'feature' has {n} nodes")
+        if self.roots.ndim != 1 or len(self.roots) == 0 or n == 0:
+            raise ValueError(f"{where}: no trees (empty 'roots' or 'feature')")
+        if self.roots.min() < 0 or self.roots.max() >= n:
+            raise ValueError(f"{where}: a root index is outside 0..{n - 1}")
+        inner = self.feature >= 0
+        k = np.arange(n)
+        for name in ("left", "right"):
+            c = getattr(self, name)[inner]
+            if c.size and (np.any(c <= k[inner]) or c.max() >= n):
+                raise ValueError(f"{where}: array {name!r} holds a child index out of range")
+        if not (np.all(np.isfinite(self.value)) and math.isfinite(self.base)
+                and math.isfinite(self.scale)):
+            raise ValueError(f"{where}: non-finite leaf values")
+        return self
+
     @classmethod
     def from_arrays(cls, d, prefix: str) -> "Forest":
         try:
@@ -58,7 +83,7 @@ class Forest:
                        np.ascontiguousarray(d[f"{prefix}right"], dtype=np.int32),
                        np.ascontiguousarray(d[f"{prefix}value"], dtype=np.float64),
                        np.ascontiguousarray(d[f"{prefix}roots"], dtype=np.int32),
-                       float(bs[0]), float(bs[1]))
+                       float(bs[0]), float(bs[1])).check()
         except KeyError as e:
             raise ValueError(f"model file: missing array {e.args[0]!r}") from None
 

@@ -1,0 +1,87 @@
+"""Reading the files of a trained model directory with errors that name the damaged file.
+
+A model directory (``manifest.json``, ``<model>.json`` + ``<model>.npz``, ``capacity.json``) can
+be damaged by a partial copy or a hand edit: a missing or truncated ``.npz``, an empty or invalid
+JSON file, a field or array that is missing or of the wrong shape. Every such case becomes a
+``ModelFileError`` (a ``ValueError``) saying which file and what is wrong, never a traceback or a
+crash inside a compiled predictor.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class ModelFileError(ValueError):
+    """A model file is missing or damaged; the message names the file."""
+
+
+def read_json(path: str | Path, what: str = "model file") -> dict:
+    """A JSON object from ``path``, or ``ModelFileError`` naming the file and the problem."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"{what} {p}: not found (is this a trained model directory?)")
+    if p.is_dir():
+        raise ModelFileError(f"{what} {p}: is a directory, expected a JSON file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ModelFileError(f"{what} {p}: not a text (UTF-8 JSON) file") from None
+    except OSError as e:
+        raise ModelFileError(f"{what} {p}: cannot read ({e.strerror})") from None
+    if not text.strip():
+        raise ModelFileError(f"{what} {p}: empty file")
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelFileError(f"{what} {p}: invalid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ModelFileError(f"{what} {p}: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+@contextmanager
+def open_npz(path: str | Path) -> Iterator[dict[str, np.ndarray]]:
+    """Every array of an ``.npz`` file, read eagerly so a truncated member fails here."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"model arrays {p}: not found (is this a trained model directory?)")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        raise ModelFileError(f"model arrays {p}: damaged or truncated ({e})") from None
+    yield arrays
+
+
+@contextmanager
+def file_context(path: str | Path) -> Iterator[None]:
+    """Turn a missing field, a wrong type or an inconsistent array inside a model file into a
+    ``ModelFileError`` naming ``path``."""
+    try:
+        yield
+    except ModelFileError:
+        raise
+    except KeyError as e:
+        raise ModelFileError(f"model file {path}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError, IndexError, AttributeError) as e:
+        raise ModelFileError(f"model file {path}: invalid content ({e})") from None
+
+
+def require(cond: bool, path: str | Path, reason: str) -> None:
+    """``ModelFileError`` naming ``path`` unless ``cond``."""
+    if not cond:
+        raise ModelFileError(f"model file {path}: {reason}")
+
+
+def field(d: dict, key: str, path: str | Path) -> Any:
+    """``d[key]`` or ``ModelFileError`` naming the file and the missing field."""
+    if key not in d:
+        raise ModelFileError(f"model file {path}: missing field {key!r}")
+    return d[key]
