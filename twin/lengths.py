@@ -14,11 +14,8 @@ max_input``, ``prompt + output <= max_total``) but *clips* instead of rejecting:
 drawn and clipped to ``[min_len, max_input]``, the output is drawn independently and clipped to
 ``[min_len, max_total - input]``.
 
-The bundled ShareGPT-like model (``profiles/sharegpt_lengths.json``) is a 30-bin histogram per
-dimension digitised from the benchmark authors' plots (Llama-2 tokenizer); it is produced by
-``fit_sharegpt_histogram`` (run ``python -m twin.lengths CSV [OUT]`` to regenerate it).
-``sharegpt_lengths(mean_input, mean_output)`` rescales it to given exact means (e.g. the
-validation pools' ≈223 / 196 tokens with the Llama-3.1 tokenizer).
+Exact means come from ``twin.length_means``; the bundled ShareGPT-like model and the default
+lengths live in ``twin.sharegpt`` (its names are also importable from here).
 """
 
 from __future__ import annotations
@@ -26,13 +23,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, fields, replace
-from functools import cached_property, lru_cache
-from importlib import resources
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from scipy.special import ndtr, ndtri
+
+from .length_means import (_copula_cells, _copula_means, _exact_means, _hist_pmf,
+                           _normal_rounded_pmf, _solve_scale)
 
 __all__ = [
     "LengthModel",
@@ -141,161 +140,6 @@ def _clip_pair(
     else:
         out = np.minimum(out, _INT32_MAX)
     return inp.astype(np.int32), out.astype(np.int32)
-
-
-# --------------------------------------------------------------------------- exact means from PMFs
-
-
-def _input_pmf_clipped(support: np.ndarray, pmf: np.ndarray, lo: int, hi: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Push the mass of an integer PMF outside [lo, hi] onto the bounds; returns (support, pmf)."""
-    vals = np.clip(support, lo, hi if hi is not None else np.inf)
-    uniq, inv = np.unique(vals, return_inverse=True)
-    p = np.bincount(inv, weights=pmf, minlength=len(uniq))
-    return uniq.astype(np.float64), p
-
-
-def _mean_min(support: np.ndarray, pmf: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """E[min(O, h)] for each h, where O has sorted integer ``support`` with probabilities ``pmf``."""
-    cum_p = np.concatenate(([0.0], np.cumsum(pmf)))
-    cum_vp = np.concatenate(([0.0], np.cumsum(pmf * support)))
-    k = np.searchsorted(support, h, side="left")  # support[:k] < h
-    total = cum_p[-1]
-    return cum_vp[k] + h * (total - cum_p[k])
-
-
-def _exact_means(
-    in_support: np.ndarray,
-    in_pmf: np.ndarray,
-    out_support: np.ndarray,
-    out_pmf: np.ndarray,
-    min_len: int,
-    max_input: int | None,
-    max_total: int | None,
-) -> tuple[float, float]:
-    """Exact means of the clipped (input, output) pair for independent integer PMFs."""
-    hi_in = max_input if max_input is not None else (max_total - min_len if max_total is not None else None)
-    si, pi = _input_pmf_clipped(in_support, in_pmf, min_len, hi_in)
-    so, po = _input_pmf_clipped(out_support, out_pmf, min_len, None)
-    mean_in = float(np.dot(si, pi) / pi.sum())
-    if max_total is None:
-        mean_out = float(np.dot(so, po) / po.sum())
-    else:
-        mean_out = float(np.dot(pi, _mean_min(so, po, max_total - si)) / (pi.sum() * po.sum()))
-    # a mean lies within the values it averages; summation rounding can push it out by an ulp
-    mean_in = min(max(mean_in, float(si[0])), float(si[-1]))
-    out_lo, out_hi = float(so[0]), float(so[-1])
-    if max_total is not None:
-        out_lo, out_hi = min(out_lo, max_total - float(si[-1])), min(out_hi, max_total - float(si[0]))
-    mean_out = min(max(mean_out, out_lo), out_hi)
-    return mean_in, mean_out
-
-
-def _hist_pmf(edges: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """PMF of rint(U), U from the piecewise-uniform histogram density (exact, via the linear CDF)."""
-    lo = math.floor(edges[0] - 0.5)
-    hi = math.ceil(edges[-1] + 0.5)
-    m = np.arange(max(lo, 0), hi + 1, dtype=np.float64)
-    cdf_knots = np.concatenate(([0.0], np.cumsum(probs)))
-    cdf = np.interp(np.concatenate((m - 0.5, [m[-1] + 0.5])), edges, cdf_knots)
-    # mass below 0 (edges >= 0 enforced, so none) / above the last point (none): pmf sums to 1
-    return m, np.diff(cdf)
-
-
-def _copula_cells(p_in: np.ndarray, p_out: np.ndarray, rho: float) -> np.ndarray:
-    """Bin-pair probabilities of a Gaussian copula with correlation ``rho``; rows sum to
-    ``p_in``, columns to ``p_out``. For input bin i (normal-score interval [a_i, a_i+1]):
-    P_ij = int_{a_i}^{a_i+1} phi(z) [Phi((b_j+1 - rho z)/s) - Phi((b_j - rho z)/s)] dz with
-    s = sqrt(1 - rho^2), by 64-point Gauss-Legendre quadrature per bin (tails cut at +-9)."""
-    a = np.clip(ndtri(np.clip(np.concatenate(([0.0], np.cumsum(p_in))), 0, 1)), -9.0, 9.0)
-    b = ndtri(np.clip(np.concatenate(([0.0], np.cumsum(p_out))), 0, 1))
-    x, w = np.polynomial.legendre.leggauss(64)
-    sd = math.sqrt(1.0 - rho * rho)
-    P = np.zeros((len(p_in), len(p_out)))
-    for i in range(len(p_in)):
-        lo, hi = a[i], a[i + 1]
-        if hi <= lo:
-            continue
-        z = 0.5 * (hi - lo) * x + 0.5 * (hi + lo)
-        wz = 0.5 * (hi - lo) * w * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-        cdf = ndtr((b[None, :] - rho * z[:, None]) / sd)          # (64, n_out + 1)
-        P[i] = wz @ np.diff(cdf, axis=1)
-    P = np.maximum(P, 0.0)
-    return P / P.sum()
-
-
-def _copula_means(in_edges: np.ndarray, out_edges: np.ndarray, cells: np.ndarray, min_len: int,
-                  max_input: int | None, max_total: int | None) -> tuple[float, float]:
-    """Exact means of the clipped pair when bins are drawn jointly (``cells``) and positions
-    within bins independently: sum over bin pairs of the independent-within-cell means."""
-    hi_in = max_input if max_input is not None else (
-        max_total - min_len if max_total is not None else None)
-    ins = [_input_pmf_clipped(*_hist_pmf(in_edges[i:i + 2], np.ones(1)), min_len, hi_in)
-           for i in range(len(in_edges) - 1)]
-    outs = [_input_pmf_clipped(*_hist_pmf(out_edges[j:j + 2], np.ones(1)), min_len, None)
-            for j in range(len(out_edges) - 1)]
-    mean_in = sum(cells[i].sum() * float(np.dot(si, pi)) for i, (si, pi) in enumerate(ins))
-    mean_out = 0.0
-    for i, (si, pi) in enumerate(ins):
-        for j, (so, po) in enumerate(outs):
-            if cells[i, j] <= 0.0:
-                continue
-            if max_total is None:
-                e = float(np.dot(so, po))
-            else:
-                e = float(np.dot(pi, _mean_min(so, po, max_total - si)))
-            mean_out += cells[i, j] * e
-    return float(mean_in), float(mean_out)
-
-
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-
-def _normal_rounded_pmf(mu: float, sigma: float, lo: int, hi: float) -> tuple[np.ndarray, np.ndarray]:
-    """PMF of clip(rint(X), lo, hi) for X ~ N(mu, sigma^2) (tails lumped onto the bounds)."""
-    if sigma == 0.0:
-        v = float(np.clip(np.rint(mu), lo, hi))
-        return np.array([v]), np.array([1.0])
-    if not math.isfinite(hi):
-        hi = max(lo, math.ceil(mu + 40.0 * sigma) + 1)
-    hi = int(hi)
-    m = np.arange(lo, hi + 1, dtype=np.float64)
-    with np.errstate(over="ignore", divide="ignore"):  # tiny sigma: +-inf, erf handles it
-        x = (np.concatenate((m - 0.5, [hi + 0.5])) - mu) / (sigma * math.sqrt(2.0))
-    cdf = 0.5 * (1.0 + _erf(x).astype(np.float64))
-    pmf = np.diff(cdf)
-    pmf[0] += cdf[0]  # everything below lo - 0.5 rounds to <= lo - 1 and is clipped to lo
-    pmf[-1] += 1.0 - cdf[-1]
-    return m, pmf
-
-
-def _solve_scale(f, target: float, what: str, lo_bound: float, hi_bound: float) -> float:
-    """Find s > 0 with f(s) = target for a non-decreasing f (bisection in log space)."""
-    if not (lo_bound < target < hi_bound):
-        raise ValueError(f"{what} must be strictly between {lo_bound:g} and {hi_bound:g} for this model, got {target:g}")
-    a, b = 1.0, 1.0
-    fa = fb = f(1.0)
-    for _ in range(200):
-        if fa <= target:
-            break
-        a /= 2.0
-        fa = f(a)
-    for _ in range(200):
-        if fb >= target:
-            break
-        b *= 2.0
-        fb = f(b)
-    if not (fa <= target <= fb):
-        raise ValueError(f"{what}: cannot reach target mean {target:g} by rescaling (range {fa:g}..{fb:g})")
-    for _ in range(200):
-        if b / a - 1.0 < 1e-13:
-            break
-        mid = math.sqrt(a * b)
-        fm = f(mid)
-        if fm < target:
-            a, fa = mid, fm
-        else:
-            b, fb = mid, fm
-    return a if abs(fa - target) <= abs(fb - target) else b
 
 
 # --------------------------------------------------------------------------- serialisation mixin
@@ -658,99 +502,6 @@ class EmpiricalLengths(_Base):
         return d
 
 
-# --------------------------------------------------------------------------- ShareGPT profile
-
-
-def fit_sharegpt_histogram(csv_path: str | os.PathLike) -> EmpiricalLengths:
-    """Build the ShareGPT-like histogram model from the digitised CSV.
-
-    The CSV has columns ``histogram`` (``prompt_lengths`` / ``output_lengths``), ``bin``,
-    ``bin_lo_tokens``, ``bin_hi_tokens``, ``count_approx``. Bins must be contiguous. The model
-    uses the real benchmark filter (4 <= len, prompt <= 1024, prompt + output <= 2048) as clips.
-    """
-    import pandas as pd
-
-    name = os.path.basename(os.fspath(csv_path))
-    try:
-        df = pd.read_csv(csv_path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise ValueError(f"{name}: cannot read histogram CSV ({e})") from None
-    need = ["histogram", "bin", "bin_lo_tokens", "bin_hi_tokens", "count_approx"]
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name}: missing column(s) {missing}")
-    out: dict[str, tuple[list[float], list[float]]] = {}
-    for hist, dim in (("prompt_lengths", "input"), ("output_lengths", "output")):
-        part = df[df["histogram"] == hist]
-        if part.empty:
-            raise ValueError(f"{name}: no rows with histogram == '{hist}'")
-        for col in ("bin", "bin_lo_tokens", "bin_hi_tokens", "count_approx"):
-            vals = pd.to_numeric(part[col], errors="coerce")
-            if vals.isna().any():
-                row = int(vals.index[vals.isna()][0]) + 1
-                raise ValueError(f"{name} row {row}, column '{col}': not a number ({part[col].loc[row - 1]!r})")
-        part = part.sort_values("bin")
-        lo = part["bin_lo_tokens"].to_numpy(float)
-        hi = part["bin_hi_tokens"].to_numpy(float)
-        if not np.allclose(lo[1:], hi[:-1], atol=1e-6):
-            raise ValueError(f"{name}: '{hist}' bins are not contiguous")
-        out[dim] = ([float(lo[0]), *map(float, hi)], list(map(float, part["count_approx"].to_numpy(float))))
-    return EmpiricalLengths.from_histograms(
-        out["input"][0], out["input"][1], out["output"][0], out["output"][1],
-        min_len=4, max_input=1024, max_total=2048, name="sharegpt_llama2_approx",
-        source=f"digitised 30-bin ShareGPT_V3 histograms (Llama-2 tokenizer) from {name}; "
-               "filter 4<=len, prompt<=1024, prompt+output<=2048 applied as clipping",
-    )
-
-
-def _profile_text() -> str:
-    return resources.files("twin").joinpath("profiles", SHAREGPT_PROFILE).read_text(encoding="utf-8")
-
-
-# Pool-weighted mean lengths of the shared Llama-3.1 validation pools (ShareGPT first turns,
-# 4 <= len, prompt <= 1024, prompt + output <= 2048): the default workload of the toolkit.
-DEFAULT_MEAN_INPUT = 223.0
-DEFAULT_MEAN_OUTPUT = 196.3
-
-
-def default_lengths() -> "EmpiricalLengths":
-    """ShareGPT-like lengths with the validation pools' means (about 223 in / 196 out tokens)."""
-    return sharegpt_lengths(DEFAULT_MEAN_INPUT, DEFAULT_MEAN_OUTPUT)
-
-
-# Rank correlation (Gaussian copula) between prompt and answer lengths of the ShareGPT-like
-# model. The shared data give only the two marginal histograms; the value is estimated by
-# ``python -m experiments.length_correlation`` on half of the Llama validation runs (the rank-16
-# groups) and checked on the other half (rank-32 groups), see that module. Long prompts getting
-# shorter answers lowers the KV tokens a running request holds, which matters under overload.
-SHAREGPT_IO_CORRELATION = -0.4
-
-
-def sharegpt_lengths(mean_input: float | None = None, mean_output: float | None = None,
-                     correlation: float | None = None) -> EmpiricalLengths:
-    """The bundled ShareGPT-like model, rescaled so its exact means equal the targets if given.
-
-    ``correlation`` defaults to :data:`SHAREGPT_IO_CORRELATION`. Results are cached per
-    arguments (rescaling a correlated model takes about a second).
-    Typical use for the Llama-3.1 validation runs: ``sharegpt_lengths(223.0, 196.3)``.
-    """
-    rho = SHAREGPT_IO_CORRELATION if correlation is None else float(correlation)
-    return _sharegpt_cached(None if mean_input is None else float(mean_input),
-                            None if mean_output is None else float(mean_output), rho)
-
-
-@lru_cache(maxsize=256)
-def _sharegpt_cached(mean_input: float | None, mean_output: float | None,
-                     rho: float) -> EmpiricalLengths:
-    model = length_model_from_dict(json.loads(_profile_text()))
-    assert isinstance(model, EmpiricalLengths)
-    if rho != 0.0:
-        model = replace(model, correlation=rho)
-    if mean_input is None and mean_output is None:
-        return model
-    return model.scaled_to(mean_input, mean_output)
-
-
 # --------------------------------------------------------------------------- dict / JSON
 
 
@@ -773,6 +524,7 @@ def length_model_from_dict(d: dict) -> FixedLengths | ClippedNormalLengths | Emp
         unknown = set(params) - {"mean_input", "mean_output", "correlation"}
         if unknown:
             raise ValueError(f"length model 'sharegpt': unknown field(s) {sorted(unknown)}")
+        from .sharegpt import sharegpt_lengths
         return sharegpt_lengths(params.get("mean_input"), params.get("mean_output"),
                                 params.get("correlation"))
     cls = _KINDS.get(kind)
@@ -820,12 +572,14 @@ def load_length_model(path: str | os.PathLike) -> FixedLengths | ClippedNormalLe
         raise ValueError(f"{path}: {e}") from None
 
 
-if __name__ == "__main__":  # regenerate the bundled profile
-    import sys
+_SHAREGPT_NAMES = ("fit_sharegpt_histogram", "sharegpt_lengths", "default_lengths",
+                   "DEFAULT_MEAN_INPUT", "DEFAULT_MEAN_OUTPUT", "SHAREGPT_IO_CORRELATION")
 
-    if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python -m twin.lengths SHAREGPT_HIST_CSV [OUT_JSON]")
-    m = fit_sharegpt_histogram(sys.argv[1])
-    out_path = sys.argv[2] if len(sys.argv) == 3 else os.path.join(os.path.dirname(__file__), "profiles", SHAREGPT_PROFILE)
-    m.save(out_path)
-    print(f"wrote {out_path}: mean_input={m.mean_input:.3f} mean_output={m.mean_output:.3f}")
+
+def __getattr__(name: str) -> Any:
+    """The ShareGPT model's names, importable from here as before the split (lazily: that
+    module imports this one)."""
+    if name in _SHAREGPT_NAMES:
+        from . import sharegpt
+        return getattr(sharegpt, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
