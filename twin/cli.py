@@ -182,11 +182,7 @@ def _trace_window(requests, trace: str, duration: float | None) -> float:
     rounded down to a whole second, plus one). Refuses a window that no arrival falls in."""
     t = requests.arrival_s
     if duration is None:
-        span = float(math.floor(float(t.max())) + 1) if len(t) else 0.0
-        if span <= 0:
-            raise CliError(f"--trace {trace}: every arrival is at 0 s, so the trace has no span; "
-                           "pass --duration")
-        return span
+        return float(math.floor(float(t.max())) + 1)
     inside = int((t < duration).sum())
     if inside == 0:
         raise CliError(f"--duration {duration:g}: no arrival of trace {trace} falls in the "
@@ -210,7 +206,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     cfg = ServerConfig(max_loras=a.amax, max_lora_rank=a.max_lora_rank)
     if a.trace:
         check_input_file(a.trace, "--trace")
-        adapters, requests = load_trace_csv(a.trace)
+        # rates are set from the window below (1 s only lets the loader skip inferring them)
+        adapters, requests = load_trace_csv(a.trace, duration_s=a.duration or 1.0)
         window = _trace_window(requests, a.trace, a.duration)
         counts = np.bincount(requests.adapter, minlength=len(adapters))
         adapters = [replace(x, rate=int(c) / window) for x, c in zip(adapters, counts)]
