@@ -68,25 +68,35 @@ def count_bound(P: PackingProblem) -> int:
 
 
 def martello_toth_l2(weights, C: int) -> int:
-    """The Martello–Toth L2 bound for bin packing with integer ``weights`` and capacity ``C``."""
-    w = sorted((int(v) for v in weights), reverse=True)
+    """The Martello–Toth L2 bound for bin packing with integer ``weights`` and capacity ``C``
+    (O(n log n): sorted weights and prefix sums, one binary search per candidate ``a``)."""
+    import bisect
+    w = sorted(int(v) for v in weights)            # ascending
     if not w:
         return 0
     if C <= 0:
         return len(w)
-    if any(v > C for v in w):
+    if w[-1] > C:
         return len(w)          # infeasible as bin packing; every item alone at least
+    prefix = [0]
+    for v in w:
+        prefix.append(prefix[-1] + v)
+    n = len(w)
     half = C / 2
-    cands = {0} | {v for v in w if v <= half}
+    i_half = bisect.bisect_right(w, half)          # w[:i_half] <= C/2 < w[i_half:]
+    cands = {0} | set(w[:i_half])
     best = 0
     for a in cands:
-        j1 = [v for v in w if v > C - a]
-        j2 = [v for v in w if C - a >= v > half]
-        j3 = [v for v in w if half >= v >= a]
-        free = len(j2) * C - sum(j2)
-        extra = max(0, math.ceil((sum(j3) - free) / C))
-        best = max(best, len(j1) + len(j2) + extra)
-    return max(best, math.ceil(sum(w) / C))
+        i_j1 = bisect.bisect_right(w, C - a)       # J1 = w[i_j1:]  (> C - a)
+        j1 = n - i_j1
+        j2 = max(0, i_j1 - i_half)                 # J2 = w[i_half:i_j1]
+        sum_j2 = prefix[i_j1] - prefix[i_half] if j2 else 0
+        i_a = bisect.bisect_left(w, a)             # J3 = w[i_a:i_half]  (a <= w <= C/2)
+        sum_j3 = prefix[i_half] - prefix[i_a] if i_half > i_a else 0
+        free = j2 * C - sum_j2
+        extra = max(0, math.ceil((sum_j3 - free) / C))
+        best = max(best, j1 + j2 + extra)
+    return max(best, math.ceil(prefix[-1] / C))
 
 
 def lp_bound(P: PackingProblem, time_limit_s: float = 30.0, threads: int | None = None

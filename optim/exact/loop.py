@@ -45,6 +45,11 @@ from .problem import LOAD_SCALE, CapacityCut, Cut, PackingProblem, scale_load
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_MAX_ITERATIONS = 30
+LP_BOUND_MAX_PAIRS = 20_000     # (adapter, GPU slot) pairs up to which the assignment LP runs
+# (adapter, GPU slot) pairs per second that building the assignment model takes (measured on the
+# 2-core machine: Pyomo ~5k/s, CP-SAT ~9k/s, about halved for safety); a model that cannot be built
+# in half the time left is not built
+BUILD_PAIRS_PER_S = {"milp": 2_500, "cpsat": 4_000}
 CUT_MODES = ("capacity", "exact", "superset")
 
 
@@ -208,16 +213,31 @@ def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int |
             r = replace(r, bound=max(r.bound, float(lb)))
         return r, info
     info["why_not_arcflow"] = reason
-    Pm = P
-    if best is not None and P.objective in ("gpus", "cost"):
-        # a better solution uses fewer GPUs (gpus) or less money (cost) than the best start
-        val = solution_value(P, best[1])
-        Pm = replace(P, max_slots={t: min(spec.count, int(val // max(P.slot_weight(t), 1e-9)))
-                                   for t, spec in enumerate(P.types)})
+    Pm = _pool_below(P, [best] if best is not None else [])
+    pairs = Pm.n * len(Pm.slots)
+    left = deadline - time.perf_counter()
+    info["pairs"] = pairs
+    if pairs > BUILD_PAIRS_PER_S[solver] * 0.5 * left:
+        # building the model alone would take most of what is left: keep the best start
+        info["skipped"] = (f"assignment model of {pairs} (adapter, GPU) pairs cannot be built "
+                           f"and searched in the {left:.1f} s left")
+        return SolveResult(solver, "unknown", None, None, 0.0, (), False,
+                           {"termination": "model too large for the time left"}), info
     fn = solve_milp if solver == "milp" else solve_cpsat
     r = fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
            warm_start=best[1] if best else None)
     return r, info
+
+
+def _pool_below(P: PackingProblem, starts) -> PackingProblem:
+    """``P`` with each type's GPU slots cut to what a solution at least as good as the best
+    start can use: the start's GPU count (gpus) or its cost over the type's price (cost)."""
+    from .first_fit import solution_value
+    if not starts or P.objective not in ("gpus", "cost"):
+        return P
+    val = min(solution_value(P, sol) for _, sol in starts)
+    return replace(P, max_slots={t: min(spec.count, int(val // max(P.slot_weight(t), 1e-9)))
+                                 for t, spec in enumerate(P.types)})
 
 
 def _start_result(P: PackingProblem, solver: str, sol, name: str, wall: float) -> SolveResult:
@@ -286,9 +306,11 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 and hplace.status in ("solved", "optimal"):
             incumbent = hplace
     params["starts"] = {name: solution_value(P, sol) for name, sol in starts}
-    if bounds and not constant and time.perf_counter() < deadline - 1.0:
+    pool_cap = _pool_below(P, starts)
+    if bounds and not constant and time.perf_counter() < deadline - 1.0 \
+            and P.n * len(pool_cap.slots) <= LP_BOUND_MAX_PAIRS:
         lp_s = min(10.0, 0.15 * (deadline - time.perf_counter()))
-        b = lower_bounds(P, lp=True, time_limit_s=lp_s, threads=threads)
+        b = lower_bounds(pool_cap, lp=True, time_limit_s=lp_s, threads=threads)
         params["bounds"] = b.to_dict()
     iterations = []
     cuts: list[Cut] = []
