@@ -19,9 +19,10 @@ import json
 import sys
 from typing import Sequence
 
-from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED,
-                              CliError, check_output, check_output_dir, float_above, int_at_least,
-                              nonneg_int, positive_int, run_command, seed_type, write_output)
+from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
+                              HelpFormatter, check_output, check_output_dir, float_above,
+                              int_at_least, nonneg_int, positive_int, run_command, seed_type,
+                              write_output)
 from twin.limits import MAX_DURATION_S
 
 from .generate import SETS, generate_set
@@ -116,7 +117,7 @@ def cmd_methods(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     ap = argparse.ArgumentParser(prog="python -m optim", description=__doc__.split("\n")[0],
                                  epilog=EXIT_CODES_EPILOG)
     sub = ap.add_subparsers(dest="cmd", required=True)

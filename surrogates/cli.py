@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from twin.cli_support import (EXIT_CODES_EPILOG, CliError, check_input_file, check_output_dir,
-                              float_above, int_at_least, nonneg_int, positive_int, run_command,
-                              seed_type)
+from twin.cli_support import (EXIT_CODES_EPILOG, CliError, HelpFormatter, check_input_file,
+                              check_output_dir, float_above, int_at_least, nonneg_int,
+                              positive_int, run_command, seed_type)
 from twin.limits import MAX_DURATION_S
 
 MODEL_FILES = ("manifest.json", "throughput.json", "throughput.npz", "starvation.json",
@@ -90,7 +90,7 @@ def _pipeline(a: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     from .dataset import (DEFAULT_CLIENT_MAX_WAITING, DEFAULT_DURATION_S, DEFAULT_FLUSH_EVERY,
                           DEFAULT_FLUSH_SECONDS)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     p = argparse.ArgumentParser(prog="python -m surrogates", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=EXIT_CODES_EPILOG)

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from .cli_support import (EXIT_CODES_EPILOG, CliError, check_input_file, check_output,
-                          float_above, int_at_least, positive_float, positive_int, progress,
+from .cli_support import (EXIT_CODES_EPILOG, CliError, HelpFormatter, check_input_file,
+                          check_output, float_above, positive_float, positive_int, progress,
                           run_command, seed_type, write_output)
 from .limits import check_run_size
 from .profile import GpuProfile, load_profile
@@ -337,7 +337,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     p = argparse.ArgumentParser(prog="python -m twin",
                                 description="Digital twin of a vLLM multi-LoRA server.",
                                 epilog=EXIT_CODES_EPILOG)

@@ -24,9 +24,20 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 SEED_MAX = 2**32 - 1   # numpy's legacy bound; every seed of the toolkit fits it
 
 EXIT_CODES_EPILOG = (
-    "exit codes: 0 success; 1 the twin rejected the placement (optim solve); 2 bad input "
+    "exit codes: 0 success; 1 the twin rejected the placement (optim solve) or no "
+    "configuration passes (twin maxpack); 2 bad input "
     "(the message names the option, file or field); 3 the instance is infeasible (optim solve); "
     "130 interrupted (Ctrl-C)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, except when there is none (None / a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if (action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or action.required):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 class CliError(ValueError):
