@@ -12,6 +12,7 @@ from twin.profile import load_profile
 from twin.reference_kernel import simulate_reference
 
 COEF = load_profile("llama-3.1-8b-instruct").step_coef_array()
+assert COEF[10] > 0, "the shipped profile has a rank term; the agreement tests exercise it"
 
 
 def make_case(seed: int, n_req: int, n_adapters: int, max_len: int, duration: float):
@@ -25,12 +26,12 @@ def make_case(seed: int, n_req: int, n_adapters: int, max_len: int, duration: fl
 
 
 def run_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, amax, kv_blocks,
-               budget, max_seqs, duration, block=16, max_waiting=0):
+               budget, max_seqs, duration, block=16, max_waiting=0, max_rank=16):
     n = len(arrival)
     first, finish = np.full(n, -1.0), np.full(n, -1.0)
     stats, hist = np.zeros(K.N_STATS), np.zeros(K.ITL_HIST_BINS, np.int64)
     n_run, n_wait, computed, gen = K.simulate_kernel(
-        arrival, adapter, in_len, out_len, n_adapters, load_ms, amax, 16, kv_blocks, block,
+        arrival, adapter, in_len, out_len, n_adapters, load_ms, amax, max_rank, kv_blocks, block,
         budget, max_seqs, duration, COEF, max_waiting, first, finish, stats, hist)
     return first, finish, stats, hist, n_run, n_wait, computed, gen
 
@@ -45,6 +46,7 @@ case_strategy = st.fixed_dictionaries({
     "budget": st.sampled_from([8, 32, 64, 2048]),
     "max_seqs": st.sampled_from([2, 8, 2048]),
     "max_waiting": st.sampled_from([0, 3, 10]),
+    "max_rank": st.sampled_from([8, 16, 32]),
 })
 
 
@@ -57,14 +59,15 @@ def _run_pair(c, duration=30.0):
     out_len = np.minimum(out_len, fit // 2)
     args = (arrival, adapter, in_len, out_len, c["n_adapters"], load_ms, c["amax"],
             c["kv_blocks"], c["budget"], c["max_seqs"], duration)
-    fast = run_kernel(*args, max_waiting=c.get("max_waiting", 0))
+    rank = c.get("max_rank", 16)
+    fast = run_kernel(*args, max_waiting=c.get("max_waiting", 0), max_rank=rank)
     observed = []
 
     def observer(sched, plan):
         observed.append((sched.kv.used_blocks, len(plan.adapters), len(sched.running)))
 
     ref = simulate_reference(arrival, adapter, in_len, out_len, c["n_adapters"], load_ms,
-                             c["amax"], 16, c["kv_blocks"], 16, c["budget"], c["max_seqs"],
+                             c["amax"], rank, c["kv_blocks"], 16, c["budget"], c["max_seqs"],
                              duration, COEF, max_waiting=c.get("max_waiting", 0),
                              observer=observer)
     return args, fast, ref, observed

@@ -76,3 +76,27 @@ def test_sanity_targets_llama():
     assert t(760, 0, 0, 0) == pytest.approx(40, rel=0.2)
     assert t(200, 1, 300, 8) == pytest.approx(36, rel=0.1)
     assert t(200, 105, 300, 8) == pytest.approx(70, rel=0.1)
+
+
+def test_step_time_monotone_in_server_rank():
+    """At a fixed batch, a larger server max_lora_rank never makes a LoRA step faster, and with
+    the shipped (fitted) rank term it makes it strictly slower."""
+    c = _coef()
+    assert c[10] > 0
+    for row in _rand_args(200):
+        if row[5] == 0:
+            continue
+        t = [step_time_ms_py(c, *np.r_[row[:6], r, row[7:]]) for r in (8, 16, 32)]
+        assert t[0] < t[1] < t[2]
+        assert step_time_ms(c, *[int(v) for v in np.r_[row[:6], 32, row[7:]]]) == \
+            pytest.approx(t[2], rel=1e-12)
+
+
+def test_rank8_step_ignores_rank_scale():
+    """m = 1 exactly at max_rank 8: rank-8 servers step exactly as before the rank term."""
+    c = _coef()
+    c0 = c.copy()
+    c0[10] = 0.0
+    for row in _rand_args(100):
+        r8 = np.r_[row[:6], 8, row[7:]]
+        assert step_time_ms_py(c, *r8) == step_time_ms_py(c0, *r8)

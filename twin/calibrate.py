@@ -30,6 +30,16 @@ Sources (one base model at a time; the scheduler-overhead runs are shared, see b
 Fit: stage 1 fits the scheduler part (c0, c2, c9) to the logged scheduler times
 (``scheduler_time_mean_ms`` / ``scheduling_time_per_step_ms``); stage 2 fits c0..c8 to the step
 wall times with c9 fixed from stage 1. Both are non-negative least squares on relative error.
+
+Rank term (c10, ``rank_scale``): every profiling row above is rank 8, so stage 3 fits the
+relative rank multiplier of the LoRA terms on the Llama max-search runs
+(``<data>/validation_llama/maxsearch_llama.csv``, ``max_lora_rank`` 16 and 32; never the
+validation runs, which the fidelity check replays) — see :func:`fit_rank_scale`. The
+``llama2_perf_analysis_runs.csv`` runs cannot identify it: each rank ran at its own
+``max_loras`` (rank 32 at 100 slots, 16 at 150, 8 at 200) and their latency runs at one slot swap
+an adapter on every request, so rank is confounded with slots or load time. The multiplier is
+relative to a profile's own LoRA cost, so it is shared by every profile (the Qwen rows are
+rank 8 only, like Llama's); without the max-search file c10 stays 0 and the report says so.
 """
 
 from __future__ import annotations
@@ -58,8 +68,15 @@ SCHED_OFFSETS = False                # free per-file offsets for the shared sche
 # (then it skips other adapters' requests); a run whose mean distinct adapters per batch is at
 # least this fraction of max_loras counts as "full", and its waiting queue as scanned.
 FULL_BATCH_FRAC = 0.9
-# Coefficients fitted in stage 2 (c9 comes from stage 1, c10 stays 0: rank 8 data only).
+# Coefficients fitted in stage 2 (c9 comes from stage 1, c10 from stage 3: rank 8 data only).
 STEP_FIT_TERMS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 11)
+# Stage 3 (rank term): end-to-end runs with several server max ranks, relative to the data folder,
+# and the profile whose step coefficients they are read against.
+RANK_RUNS = Path("validation_llama") / "maxsearch_llama.csv"
+RANK_RUNS_MODEL = "llama-3.1-8b-instruct"
+RANK_RUN_COLUMNS = ("status", "model", "max_loras", "served_adapters", "max_lora_rank",
+                    "pool_mean_input_len", "pool_mean_output_len", "mean_running",
+                    "mean_waiting", "mean_itl_ms")
 SCHED_SOURCE_WEIGHT = 0.5             # relative weight of a shared scheduler-run row vs a window
 
 
@@ -361,6 +378,80 @@ def refine_with_simulated_runs(profile: GpuProfile, win_rows: pd.DataFrame, data
     return coef, {"iterations": history}
 
 
+def run_step_features(runs: pd.DataFrame) -> np.ndarray:
+    """Step-time feature rows (columns ``FEATURE_NAMES``) of end-to-end runs from their gauges:
+    n_seqs = mean_running, n_distinct = min(max_loras, served, running), prefill tokens per step
+    = n_seqs * mean_in / mean_out (each step replaces the 1/mean_out of the batch that
+    finishes), ctx = n_seqs * (mean_in + mean_out / 2), waiting scanned = mean_waiting when the
+    batch is full of adapters (as in :func:`step_rows`), max_rank = the server's max_lora_rank."""
+    S = runs.mean_running.to_numpy(float)
+    A = runs.max_loras.to_numpy(float)
+    K = np.minimum(np.minimum(A, runs.served_adapters.to_numpy(float)), S)
+    mi = runs.pool_mean_input_len.to_numpy(float)
+    mo = runs.pool_mean_output_len.to_numpy(float)
+    P = S * mi / mo
+    W = runs.mean_waiting.to_numpy(float) * (K >= FULL_BATCH_FRAC * A)
+    return np.column_stack([S, P, S, S * (mi + mo / 2.0), K, A,
+                            runs.max_lora_rank.to_numpy(float), W, lora_tiles(K, S, P)])
+
+
+def fit_rank_scale(coef, runs: pd.DataFrame) -> tuple[float, dict]:
+    """Stage 3: the rank multiplier c10 of the LoRA terms from end-to-end runs.
+
+    Each run's mean ITL (a decode step, as seen by a running request) is read against the step
+    model at the run's mean batch (:func:`run_step_features`) with c10 = 0: T0 and its LoRA part
+    L. The fit is ``mean_itl = alpha * (T0 + c10 * (max_rank - 8) / 8 * L)`` by least squares on
+    relative error: ``alpha`` absorbs what the gauge approximation and the profiling fit miss
+    alike for every rank, so c10 is set by how much more the rank-32 servers take than the
+    rank-16 ones, relative to their LoRA cost. Returns (c10 clipped at 0, report)."""
+    missing = [c for c in RANK_RUN_COLUMNS if c not in runs.columns]
+    if missing:
+        raise ValueError(f"rank runs lack columns {missing}")
+    ok = runs[(runs.status == "ok") & (runs.mean_running >= 1) & runs.mean_itl_ms.notna()
+              & (runs.max_loras > 0)]
+    ranks = sorted(int(r) for r in ok.max_lora_rank.unique())
+    if len(ok) < 10 or len(ranks) < 2:
+        raise ValueError(f"rank runs: need >= 10 ok runs over >= 2 max_lora_rank values, got "
+                         f"{len(ok)} runs with ranks {ranks}")
+    coef = np.asarray(coef, dtype=float)
+    F = design_matrix(run_step_features(ok), 0.0, coef[12])
+    lin = coef[list(LINEAR_IDX)]
+    t0 = F @ lin
+    lora = F[:, 4:9] @ lin[4:9]
+    r = ok.max_lora_rank.to_numpy(float)
+    y = ok.mean_itl_ms.to_numpy(float)
+    x = np.maximum(r - 8.0, 0.0) / 8.0 * lora
+    sol, *_ = np.linalg.lstsq(np.column_stack([t0, x]) / y[:, None], np.ones(len(y)), rcond=None)
+    alpha, beta = float(sol[0]), float(sol[1])
+    c10 = max(beta / alpha, 0.0) if alpha > 0 else 0.0
+    pred = alpha * (t0 + c10 * x)
+    rep = {"runs": int(len(ok)), "alpha": alpha, "rank_scale": c10,
+           "per_max_lora_rank": {}}
+    for rk in ranks:
+        g = r == rk
+        rep["per_max_lora_rank"][str(rk)] = {
+            "n": int(g.sum()),
+            "mean_itl_over_model_c10_0": float(np.mean(y[g] / (alpha * t0[g]))),
+            "itl_fit": fit_metrics(y[g], pred[g])}
+    return c10, rep
+
+
+def rank_scale_from_data(data_dir: Path) -> tuple[float, dict]:
+    """c10 for any profile calibrated from ``data_dir``: :func:`fit_rank_scale` on
+    ``<data_dir>/RANK_RUNS`` read against the Llama profiling fit (stages 1-2); (0, note) when
+    the file is absent."""
+    path = Path(data_dir) / RANK_RUNS
+    if not path.is_file():
+        return 0.0, {"note": f"rank term not fitted: {path} not found (rank_scale = 0)"}
+    rows = pd.concat([step_rows(data_dir, RANK_RUNS_MODEL), scheduler_rows(data_dir)],
+                     ignore_index=True)
+    llama_coef, _ = fit_step_coef(rows)
+    runs = pd.read_csv(path)
+    c10, rep = fit_rank_scale(llama_coef, runs[runs.model == RANK_RUNS_MODEL])
+    rep["source"] = str(RANK_RUNS)
+    return c10, rep
+
+
 def sanity_points(coef) -> list[dict]:
     """Model predictions at the brief's sanity targets (decode, ctx from output length 100)."""
     from .step_time import step_time_ms_py as f
@@ -413,6 +504,7 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
     win_rows = step_rows(data_dir, model)
     rows = pd.concat([win_rows, scheduler_rows(data_dir)], ignore_index=True)
     coef, rep = fit_step_coef(rows)
+    coef[10], rep["rank_term"] = rank_scale_from_data(data_dir)
     kv, mml, ranks = kv_table(data_dir, model)
     loads = load_table(data_dir, model)
     ranks = tuple(sorted(set(ranks) | {r for k in loads for r in k} | {r for _, r in kv}))
@@ -434,6 +526,10 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
             "load_ms_statistic": "mean of measured cpu_to_gpu loads",
             "backbone_kv_tokens": "min kv_cache_tokens of the no-LoRA runs at the largest "
                                   "max_num_seqs",
+            "rank_scale": (f"c10 fitted on {RANK_RUNS} (max_lora_rank 16/32 runs, read against "
+                           f"the {RANK_RUNS_MODEL} profiling fit; a relative LoRA-cost "
+                           "multiplier shared by every profile)")
+                          if "rank_scale" in rep["rank_term"] else rep["rank_term"]["note"],
             "calibrated_on": _dt.date.today().isoformat(),
             "code": "twin.calibrate",
         },
@@ -443,7 +539,7 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
         rep["sanity"] = sanity_points(coef)
         rep["step_model"] = describe_step_model(coef)
     keys = ("step_time", "scheduler_time", "nuisance_offsets_ms", "scheduler_coef", "sanity",
-            "refinement")
+            "rank_term", "refinement")
     prof = replace(prof, step_coef=tuple(float(c) for c in coef),
                    fit_report={k: rep[k] for k in keys if k in rep})
     return prof, rep

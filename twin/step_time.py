@@ -23,6 +23,16 @@ ceil(tokens_k / 16) — one tile per adapter for decode-only steps, many for a l
 chunk; c9 = scheduler scan of the waiting queue when the batch already holds
 max_loras adapters (the V1 scheduler skips requests of other adapters and keeps scanning).
 Adapter CPU->GPU load time is not included (the kernel adds it).
+
+Rank: ``max_rank`` is the *server's* ``--max-lora-rank``, not the batch's or each adapter's
+rank. vLLM 0.8.5 allocates every slot's A/B buffers at max_lora_rank (smaller adapters are
+zero-padded) and its shrink/expand kernels take that padded size as their rank dimension, so an
+adapter's own rank adds no work once it is loaded (it still sets its load time, in the profile's
+load table). The data agree: every run with mixed ranks also serves adapters of the server's
+max rank, so nothing in them could tell the three apart. The multiplier m scales all LoRA
+terms linearly in (max_rank - 8); c10 is fitted by ``twin.calibrate`` (stage 3) on end-to-end
+runs at max_lora_rank 16 and 32, because every profiling window is rank 8. With max_rank 8, m is
+exactly 1 whatever c10 is.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ STEP_COEF_NAMES: tuple[str, ...] = (
     "per_adapter_ms",        # c7 x n_distinct
     "per_lora_tile_ms",      # c8 x n_tiles (LoRA kernel tiles: sum_k ceil(tokens_k / 16))
     "per_kwaiting_ms",       # c9 x n_waiting / 1000: waiting requests scanned (LoRA only)
-    "rank_scale",            # c10 relative LoRA-cost increase per 8 ranks above 8
+    "rank_scale",            # c10 relative LoRA-cost increase per 8 server max ranks above 8
     "per_seq_over_knee_ms",  # c11 x max(0, n_seqs - c12)
     "seq_knee",              # c12 knee of the per-request cost (requests; chosen by grid search)
 )
@@ -140,7 +150,8 @@ class StepTimeModel:
 
     Parameters
     ----------
-    rank_scale : fixed c10 (not fitted: the calibration data has rank 8 only).
+    rank_scale : fixed c10 (fitted separately, see twin.calibrate.fit_rank_scale: the profiling
+        windows are rank 8 only).
     seq_knee : fixed c12, the knee (requests) of the c11 term.
     relative : weight rows by 1/y so the fit minimises relative (not absolute) error.
     fit_terms : coefficient indices (among 0..9, 11) to fit; the others keep ``fixed_coef``.
