@@ -25,12 +25,12 @@ from experiments.common import mape, require_file, smape
 from twin.lengths import sharegpt_lengths
 from twin.maxpack import maxpack_search
 from twin.profile import load_profile
-from twin.server import ServerConfig, simulate_server
+from twin.server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, ServerConfig, simulate_server
 from twin.workload import adapters_from_counts, parse_counts
 
-# The shared runs' load generator could not keep more than ~25.5k requests waiting at the server
-# (open connections); the earlier twin's grid (data README, paper_twin_simgrid) uses this cap.
-SHARED_CLIENT_MAX_WAITING = 25_500
+# The shared runs' load generator kept at most ~25.5k requests waiting (a twin option, see
+# twin.server.ServerConfig.client_max_waiting).
+SHARED_CLIENT_MAX_WAITING = SHARED_BENCHMARK_CLIENT_MAX_WAITING
 
 CONFIG_COLUMNS = ["model", "max_loras", "served_adapters", "max_lora_rank", "adapter_rank_counts",
                   "rate_counts", "total_time_s", "pool_mean_input_len", "pool_mean_output_len",

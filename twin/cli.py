@@ -203,7 +203,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .workload import adapters_from_cycles, load_adapters_csv, load_trace_csv
     import numpy as np
 
-    cfg = ServerConfig(max_loras=a.amax, max_lora_rank=a.max_lora_rank)
+    cfg = ServerConfig(max_loras=a.amax, max_lora_rank=a.max_lora_rank,
+                       client_max_waiting=a.client_max_waiting)
     if a.trace:
         check_input_file(a.trace, "--trace")
         # rates are set from the window below (1 s only lets the loader skip inferring them)
@@ -247,7 +248,8 @@ def cmd_run(a: argparse.Namespace) -> int:
               "max_loras": a.amax, "max_lora_rank": max_rank, "adapters": len(adapters),
               "total_rate_rps": total_rate, "ranks": sorted({x.rank for x in adapters}),
               "arrivals": arrivals_text, "lengths": lengths_text, "window_s": window,
-              "seed": a.seed, "trace": a.trace, "adapters_file": a.adapters_file}
+              "seed": a.seed, "trace": a.trace, "adapters_file": a.adapters_file,
+              "client_max_waiting": a.client_max_waiting}
     print(f"configuration: profile {profile.name} ({profile.gpu}, {profile.model}); "
           f"--max-loras (Amax) {a.amax}, --max-lora-rank {max_rank}")
     print(f"  workload: {len(adapters):,} adapters (ranks {', '.join(map(str, config['ranks']))}; "
@@ -354,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-lora-rank", type=positive_int, default=None,
                    help="--max-lora-rank of the server (default: the largest adapter rank); "
                         "must be a rank the profile supports")
+    r.add_argument("--client-max-waiting", type=positive_int, default=None, metavar="N",
+                   help="load generator property: the client keeps at most N requests waiting "
+                        "at the server and arrivals beyond that fail (the shared benchmark's "
+                        "client: ~25500); default: unbounded")
     r.add_argument("--adapters", type=positive_int, default=None,
                    help="number of adapters, ranks and rates cycled over them (default 384)")
     r.add_argument("--ranks", default="16", help="LoRA ranks cycled over the adapters, e.g. 8,16,32")

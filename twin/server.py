@@ -16,15 +16,24 @@ from .workload import (Adapter, ArrivalProcess, PoissonArrivals, Requests, gener
                        offered_token_rate)
 
 
+# The shared vLLM benchmark's client (benchmark_serving_by_time.py) could not keep more than about
+# this many requests waiting at the server (open connections); arrivals beyond it failed. The
+# earlier twin's grid (data README, paper_twin_simgrid) uses the same cap. A property of that load
+# generator, not of vLLM: pass it as ``ServerConfig(client_max_waiting=...)`` to replay its runs.
+SHARED_BENCHMARK_CLIENT_MAX_WAITING = 25_500
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """vLLM server arguments the twin honours.
 
     ``max_loras`` is Amax (GPU adapter slots); ``max_lora_rank`` defaults to the largest rank of
     the served adapters; the token budget and batch cap default to the profile's values.
-    ``client_max_waiting`` models a load generator that cannot keep more requests queued at the
-    server (the shared benchmark's client saturates at ~25.5k waiting requests; arrivals beyond
-    it fail); ``None`` means an unbounded queue.
+    ``client_max_waiting`` is a property of the load generator, not of the server: a client that
+    cannot keep more than N requests waiting at the server, so arrivals beyond it fail (counted
+    in ``rejected_requests`` and in the offered load, not served). The shared benchmark's client
+    saturates at :data:`SHARED_BENCHMARK_CLIENT_MAX_WAITING`; ``None`` means an unbounded queue
+    (an open-loop client that never gives up). CLI: ``twin run --client-max-waiting N``.
     """
 
     max_loras: int
