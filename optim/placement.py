@@ -221,12 +221,19 @@ class Placement:
         if self.verdict is not None:
             bad = sum(1 for g in self.gpus if g.verified and not g.verified.ok)
             parts.append(f"twin_failed_gpus={bad}")
+        if self.best_bound is not None and self.gpus:
+            parts.append(f"best_bound={self.best_bound:g}")
+            gap = self.params.get("gap")
+            if gap is not None:
+                parts.append(f"gap={100 * gap:.1f}%")
         lb = self.params.get("lower_bound")
         if lb is not None:
             parts.append(f"twin_lower_bound={lb}")
         out = " ".join(parts)
         if lb is not None and self.verdict == "accepted" and self.n_gpus == lb:
-            out += "\nnote: the GPU count meets the twin lower bound: optimal for the twin"
+            out += "\nclaim: optimal in the twin (the GPU count meets the twin lower bound)"
+        elif self.params.get("claim"):
+            out += f"\nclaim: {self.params['claim']}"
         for n in self.notes:
             out += f"\nnote: {n}"
         for r in self.repairs:

@@ -68,7 +68,7 @@ def test_compaction_leaves_rejected_or_bound_placements_alone():
     one = solve(inst, "greedy", verify=True, duration_s=DUR)
     assert one.n_gpus == 1 and one.params["lower_bound"] == 1
     assert one.params["compaction_attempts"] == 0
-    assert "twin_lower_bound=1" in one.summary() and "optimal for the twin" in one.summary()
+    assert "twin_lower_bound=1" in one.summary() and "optimal in the twin" in one.summary()
     hot = _inst(n=24, rate=6.0)
     bad = solve(hot, "maxbase", options=MethodOptions(n_gpus=1), verify=True, duration_s=DUR)
     assert bad.verdict == "rejected"
