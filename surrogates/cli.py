@@ -66,7 +66,11 @@ def _evaluate(a: argparse.Namespace) -> int:
         evaluate_twin(a.model, a.data, split=a.split)
     else:
         check_input_file(a.real, "--real")
-        evaluate_real(a.model, a.real)
+        import pandas as pd
+        try:
+            evaluate_real(a.model, a.real)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise CliError(f"--real {a.real}: not a readable CSV ({e})") from None
     return 0
 
 

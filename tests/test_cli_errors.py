@@ -425,6 +425,11 @@ def test_surrogates_evaluate_refuses_bad_paths(tmp_path, capsys):
     refused(surrogates_main, ["evaluate", "--model", MODEL, "--data", junk], capsys,
             "junk.parquet", "not a readable Parquet")
     refused(surrogates_main, ["evaluate", "--model", MODEL], capsys, "--data", "--real")
+    prose = write(tmp_path / "prose.csv", "a\nb\nc\nd,e,f,g\n")
+    refused(surrogates_main, ["evaluate", "--model", MODEL, "--real", prose], capsys, "--real",
+            "prose.csv", "not a readable CSV")
+    refused(surrogates_main, ["evaluate", "--model", MODEL, "--real", write(tmp_path / "b.csv", JUNK)],
+            capsys, "--real", "b.csv")
 
 
 @pytest.mark.parametrize("argv, needles", [

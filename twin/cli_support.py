@@ -97,15 +97,20 @@ def check_output(path: str | os.PathLike | None, option: str, force: bool) -> Pa
         raise CliError(f"{option}: {p} is a directory; give a file path")
     if p.exists() and not force:
         raise CliError(f"{option}: {p} exists; pass --force to overwrite it")
-    parent = p.parent if str(p.parent) else Path(".")
-    anc = parent
+    _check_creatable(p.parent, p, option)
+    return p
+
+
+def _check_creatable(folder: Path, target: Path, option: str) -> None:
+    """``folder`` exists as a writable directory or can be created (its nearest existing
+    ancestor is one)."""
+    anc = folder
     while not anc.exists():
         anc = anc.parent
     if not anc.is_dir():
-        raise CliError(f"{option}: cannot create {p}: {anc} is not a directory")
+        raise CliError(f"{option}: cannot create {target}: {anc} is not a directory")
     if not os.access(anc, os.W_OK):
-        raise CliError(f"{option}: cannot write {p}: {anc} is not writable")
-    return p
+        raise CliError(f"{option}: cannot write {target}: {anc} is not writable")
 
 
 def check_output_dir(path: str | os.PathLike, option: str, force: bool,
@@ -120,11 +125,7 @@ def check_output_dir(path: str | os.PathLike, option: str, force: bool,
         if clash:
             raise CliError(f"{option}: {p} already holds {', '.join(clash)}; pass --force to "
                            "overwrite")
-    anc = p
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir() or not os.access(anc, os.W_OK):
-        raise CliError(f"{option}: cannot create or write {p} ({anc} is not a writable directory)")
+    _check_creatable(p, p, option)
     return p
 
 
