@@ -74,16 +74,23 @@ def heuristic_solution(inst: Instance, objective, P: PackingProblem, verify: boo
             p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
     except Exception:       # a heuristic failing must not stop the exact method
         return name, None, None
+    return name, _as_solution(P, p), p
+
+
+def _as_solution(P: PackingProblem, p: Placement) -> list[tuple[int, list[int]]] | None:
+    """A placement as (type index, adapter indices) per GPU; ``None`` when it is empty, splits
+    adapters or uses a GPU type the problem does not have."""
     if not p.gpus:
-        return name, None, p
+        return None
     idx = {a: i for i, a in enumerate(P.ids)}
     tix = {t.name: k for k, t in enumerate(P.types)}
     out = []
     for g in p.gpus:
-        if any(s < 1 - 1e-9 for _, s in g.adapters) or g.gpu_type not in tix:
-            return name, None, p
+        if any(s < 1 - 1e-9 for _, s in g.adapters) or g.gpu_type not in tix \
+                or any(a.id not in idx for a, _ in g.adapters):
+            return None
         out.append((tix[g.gpu_type], [idx[a.id] for a, _ in g.adapters]))
-    return name, out, p
+    return out
 
 
 def _preferred_config(P: PackingProblem, t: int, p: int, items: Sequence[int]) -> int:
@@ -257,8 +264,10 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 workers: int | None = None, max_iterations: int | None = None,
                 cut_mode: str = "capacity", models: dict[str, Any] | None = None,
                 problem: PackingProblem | None = None, bounds: bool = True,
-                method_name: str | None = None) -> Placement:
-    """Exact placement with the twin in the loop (module docstring)."""
+                method_name: str | None = None, given: Placement | None = None) -> Placement:
+    """Exact placement with the twin in the loop (module docstring). ``given``: a placement to
+    start from instead of running the heuristic (used as warm start when the model admits it,
+    and as the twin-accepted incumbent when it was verified and accepted)."""
     from ..objectives import make_objective
     from .first_fit import best_start, solution_value
 
@@ -297,8 +306,11 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         starts.append(ff)
     incumbent: Placement | None = None          # best twin-accepted placement so far
     if warm_start and not constant:
-        hname, hsol, hplace = heuristic_solution(inst, obj, P, verify=verify,
-                                                 duration_s=duration_s, workers=workers)
+        if given is not None:       # a placement the caller already has (e.g. greedy's)
+            hname, hsol, hplace = given.method, _as_solution(P, given), given
+        else:
+            hname, hsol, hplace = heuristic_solution(inst, obj, P, verify=verify,
+                                                     duration_s=duration_s, workers=workers)
         params["warm_start_method"] = hname
         if hsol is not None:
             starts.append((hname, hsol))

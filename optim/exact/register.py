@@ -5,8 +5,10 @@
 available heuristic: ``greedy`` when registered, else ``maxbase``.
 
 Method options (``MethodOptions.extra``): ``threads``, ``warm_start`` (bool), ``cut_mode``
-(``capacity`` (default) / ``exact`` / ``superset``), ``max_iterations``, and the verification settings that
-``optim.methods.solve`` passes down (``verify``, ``duration_s``, ``workers``).
+(``capacity`` (default) / ``exact`` / ``superset``), ``max_iterations``, ``incumbent`` (a
+``Placement`` to start from instead of running greedy; when verified and accepted it is also the
+fallback answer), and the verification settings that ``optim.methods.solve`` passes down
+(``verify``, ``duration_s``, ``workers``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def _run(solver: str, name: str):
                            threads=ex.get("threads"), warm_start=ex.get("warm_start", True),
                            verify=ex.get("verify", False), duration_s=ex.get("duration_s"),
                            workers=ex.get("workers"), max_iterations=ex.get("max_iterations"),
-                           cut_mode=ex.get("cut_mode", "capacity"), method_name=name)
+                           cut_mode=ex.get("cut_mode", "capacity"), method_name=name,
+                           given=ex.get("incumbent"))
     return fn
 
 
