@@ -3,7 +3,12 @@
 ``python -m experiments.twin_fidelity --runs <validation.csv> [--json OUT] [--plot OUT.png]``
 replays every ``status == ok`` run from its configuration columns only (model, max_loras,
 served_adapters, max_lora_rank, adapter_rank_counts, rate_counts, total_time_s, pool mean
-lengths, max_num_batched_tokens, max_num_seqs) and compares throughput and mean ITL.
+lengths, max_num_batched_tokens, max_num_seqs) and compares throughput and the latency metrics
+people set SLOs on — mean, median and p99 TTFT, mean TPOT, mean and p99 ITL — with the real
+runs, per run and as SMAPE (DESIGN.md §6: 100 * mean(|y - y'| / (|y| + |y'|)), no factor 2) with
+MAPE beside it, overall and per ``max_lora_rank`` group, and lists the worst runs. The twin's
+metrics use vLLM's benchmark definitions (over completed requests; see ``twin.metrics``), the
+real ones are the benchmark's own summary columns.
 
 ``python -m experiments.twin_fidelity --maxsearch <maxsearch.csv>`` runs the twin's Maxpack search
 per configuration with the real search rule and compares with ``maxsearch_optimum_<model>.csv``.
@@ -31,6 +36,18 @@ from twin.workload import adapters_from_counts, parse_counts
 # The shared runs' load generator kept at most ~25.5k requests waiting (a twin option, see
 # twin.server.ServerConfig.client_max_waiting).
 SHARED_CLIENT_MAX_WAITING = SHARED_BENCHMARK_CLIENT_MAX_WAITING
+
+# (table key, real column of the shared CSV, twin metric, label); real_<key> / twin_<key> columns
+COMPARED: tuple[tuple[str, str, str, str], ...] = (
+    ("tps", "total_throughput_tps", "throughput_tps", "throughput (tok/s)"),
+    ("itl_ms", "mean_itl_ms", "mean_itl_ms", "mean ITL (ms)"),
+    ("p99_itl_ms", "p99_itl_ms", "p99_itl_ms", "p99 ITL (ms)"),
+    ("ttft_ms", "mean_ttft_ms", "mean_ttft_ms", "mean TTFT (ms)"),
+    ("median_ttft_ms", "median_ttft_ms", "p50_ttft_ms", "median TTFT (ms)"),
+    ("p99_ttft_ms", "p99_ttft_ms", "p99_ttft_ms", "p99 TTFT (ms)"),
+    ("tpot_ms", "mean_tpot_ms", "mean_tpot_ms", "mean TPOT (ms)"),
+)
+WORST_RUNS = 8
 
 CONFIG_COLUMNS = ["model", "max_loras", "served_adapters", "max_lora_rank", "adapter_rank_counts",
                   "rate_counts", "total_time_s", "pool_mean_input_len", "pool_mean_output_len",
@@ -78,10 +95,9 @@ def run_validation(path: Path, workers: int, seed: int, io_correlation: float | 
                             total=len(cfgs), desc="replaying runs", disable=not progress))
     out = ok[["run_id" if "run_id" in ok else "max_loras", "max_loras", "served_adapters",
               "max_lora_rank", "rate_counts"]].copy()
-    out["real_tps"] = ok["total_throughput_tps"]
-    out["twin_tps"] = [r["throughput_tps"] for r in results]
-    out["real_itl_ms"] = ok["mean_itl_ms"]
-    out["twin_itl_ms"] = [r["mean_itl_ms"] for r in results]
+    for key, real_col, twin_key, _ in COMPARED:
+        out[f"real_{key}"] = ok[real_col] if real_col in ok else np.nan
+        out[f"twin_{key}"] = [r[twin_key] for r in results]
     out["twin_starved"] = [r["starved"] for r in results]
     if "starved_90" in ok:
         out["real_starved"] = ok["starved_90"].astype(str).str.lower() == "true"
@@ -140,6 +156,81 @@ def run_maxsearch(path: Path, workers: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def error_summary(df: pd.DataFrame) -> dict:
+    """SMAPE and MAPE (%) of every compared metric, over all runs and per max_lora_rank group
+    (runs where either side is missing, e.g. no completed request, are left out and counted)."""
+    def scores(d: pd.DataFrame) -> dict:
+        out = {"runs": int(len(d))}
+        for key, _, _, _ in COMPARED:
+            y, p = d[f"real_{key}"].to_numpy(float), d[f"twin_{key}"].to_numpy(float)
+            ok = np.isfinite(y) & np.isfinite(p)
+            out[key] = {"smape": smape(y[ok], p[ok]) if ok.any() else float("nan"),
+                        "mape": mape(y[ok], p[ok]) if ok.any() else float("nan"),
+                        "n": int(ok.sum())}
+        return out
+    res = {"all": scores(df)}
+    for r, g in df.groupby("max_lora_rank"):
+        res[f"max_lora_rank={int(r)}"] = scores(g)
+    return res
+
+
+def format_summary(summary: dict) -> str:
+    """One row per group, SMAPE (MAPE) per metric."""
+    keys = [k for k, _, _, _ in COMPARED]
+    head = f"{'group':18s} {'runs':>4s} " + " ".join(f"{k:>17s}" for k in keys)
+    lines = ["SMAPE % (MAPE %) per metric", head]
+    for g, sc in summary.items():
+        cells = " ".join(f"{sc[k]['smape']:7.2f} ({sc[k]['mape']:6.2f})" for k in keys)
+        lines.append(f"{g:18s} {sc['runs']:4d} {cells}")
+    return "\n".join(lines)
+
+
+def worst_runs(df: pd.DataFrame, key: str, n: int = WORST_RUNS) -> pd.DataFrame:
+    """The ``n`` runs with the largest relative error of metric ``key`` (signed, %)."""
+    d = df.copy()
+    d["err_pct"] = 100.0 * (d[f"twin_{key}"] - d[f"real_{key}"]) / d[f"real_{key}"]
+    d = d[np.isfinite(d["err_pct"])]
+    d = d.reindex(d["err_pct"].abs().sort_values(ascending=False).index).head(n)
+    cols = ["max_loras", "served_adapters", "max_lora_rank", "rate_counts",
+            f"real_{key}", f"twin_{key}", "err_pct"]
+    return d[cols]
+
+
+def _plot_latency(df: pd.DataFrame, path: str) -> None:
+    """Real vs twin for every compared metric (log axes for latencies), rank groups coloured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(COMPARED)
+    cols = 4
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.0 * rows))
+    axes = np.atleast_1d(axes).ravel()
+    for ax, (key, _, _, label) in zip(axes, COMPARED):
+        for (r, g), colour in zip(df.groupby("max_lora_rank"), ("tab:blue", "tab:orange",
+                                                                 "tab:green", "tab:red")):
+            ax.scatter(g[f"real_{key}"], g[f"twin_{key}"], s=12, color=colour,
+                       label=f"max_lora_rank {int(r)}")
+        x = df[f"real_{key}"].to_numpy(float)
+        y = df[f"twin_{key}"].to_numpy(float)
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        lo, hi = min(x[ok].min(), y[ok].min()), max(x[ok].max(), y[ok].max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        if key != "tps":
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlabel(f"real {label}")
+        ax.set_ylabel(f"twin {label}")
+        ax.set_title(f"{label}: SMAPE {smape(x[ok], y[ok]):.2f} %", fontsize=10)
+    axes[0].legend(fontsize=8)
+    for ax in axes[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _plot(df: pd.DataFrame, path: str, pairs: list[tuple[str, str, str]]) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -174,25 +265,31 @@ def main(argv=None) -> int:
     pd.set_option("display.max_rows", 500)
     if a.runs:
         df = run_validation(require_file(a.runs, "--runs"), a.workers, a.seed)
-        print(df.drop(columns=["rate_counts"]).to_string(index=False,
-                                                         float_format=lambda v: f"{v:.2f}"))
-        t_s = smape(df["real_tps"], df["twin_tps"])
-        i_s = smape(df["real_itl_ms"], df["twin_itl_ms"])
-        summary = {"runs": len(df), "throughput_smape": t_s, "throughput_mape":
-                   mape(df["real_tps"], df["twin_tps"]), "itl_smape": i_s,
-                   "itl_mape": mape(df["real_itl_ms"], df["twin_itl_ms"])}
+        show = ["max_loras", "served_adapters", "max_lora_rank"] + [
+            c for k, _, _, _ in COMPARED for c in (f"real_{k}", f"twin_{k}")]
+        print(df[show].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        summary = error_summary(df)
+        print()
+        print(format_summary(summary))
+        for key in ("tps", "itl_ms", "ttft_ms"):
+            print(f"\nworst runs by {key} (err_pct = twin vs real, %):")
+            print(worst_runs(df, key).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        extra = {}
         if "real_starved" in df:
-            summary["starvation_agreement"] = float((df["real_starved"] == df["twin_starved"]).mean())
-        print(json.dumps(summary, indent=2))
+            extra["starvation_agreement"] = float((df["real_starved"] == df["twin_starved"]).mean())
+            print(f"\nstarvation agreement: {extra['starvation_agreement']:.3f}")
         if a.plot:
-            _plot(df, a.plot, [("real_tps", "twin_tps", "throughput (tok/s)"),
-                               ("real_itl_ms", "twin_itl_ms", "mean ITL (ms)")])
+            _plot_latency(df, a.plot)
+            print(f"plot: {a.plot}")
         if a.json:
-            Path(a.json).write_text(json.dumps({"summary": summary,
+            Path(a.json).write_text(json.dumps({"summary": summary, **extra,
                                                 "runs": df.to_dict("records")}, indent=2))
         if a.csv:
             df.to_csv(a.csv, index=False)
-        print(f"throughput_smape={t_s:.3f} itl_smape={i_s:.3f} runs={len(df)}")
+        al = summary["all"]
+        print(f"throughput_smape={al['tps']['smape']:.3f} itl_smape={al['itl_ms']['smape']:.3f} "
+              f"ttft_smape={al['ttft_ms']['smape']:.3f} "
+              f"p99_itl_smape={al['p99_itl_ms']['smape']:.3f} runs={len(df)}")
     else:
         df = run_maxsearch(require_file(a.maxsearch, "--maxsearch"), a.workers, a.seed)
         print(df.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
