@@ -124,10 +124,14 @@ def to_placement(inst: Instance, P: PackingProblem, r: SolveResult, method: str)
 
 def capacity_cuts(inst: Instance, P: PackingProblem,
                   rejected: Sequence[tuple[int, int, int, Sequence[int], float | None]],
-                  duration_s: float | None, workers: int | None) -> list[CapacityCut]:
+                  duration_s: float | None, workers: int | None,
+                  deadline: float | None = None,
+                  replay_s: float | None = None) -> list[CapacityCut]:
     """Capacity cuts for GPUs the twin rejected, given as (type index, rank, Amax, adapters,
     twin throughput or None): the rejected configuration, plus every other (rank, Amax)
-    configuration admitting the set that the twin also rejects (all replays in parallel)."""
+    configuration admitting the set that the twin also rejects (replays in parallel, in batches
+    of one per worker; with a ``deadline`` no batch starts that would end after it, given
+    ``replay_s`` seconds per replay)."""
     from twin.fleet import simulate_fleet
 
     from ..placement import plan_gpu
@@ -145,19 +149,28 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
                 probes.append((t, *key, items))
     if not probes:
         return out
-    jobs = []
-    for t, rank, amax, items in probes:
-        gt = inst.gpu_types[t]
-        plan = plan_gpu(gt.name, gt.profile, amax, [(inst.adapters[i], 1.0) for i in items],
-                        inst.mean_tokens, max_lora_rank=rank)
-        jobs.append(plan.twin_assignment(theta))
-    res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
-                         lengths=inst.lengths, seed=inst.seed, workers=workers,
-                         check_routing=False)
-    for (t, rank, amax, items), m in zip(probes, res.per_gpu):
-        if m.starved or m.memory_error:
-            out.append(_cut_for(P, t, rank, amax, items,
-                                0.0 if m.memory_error else m.throughput_tps, theta))
+    from .common import default_threads
+    batch = max(1, workers or default_threads())
+    for b0 in range(0, len(probes), batch):
+        if deadline is not None and replay_s is not None \
+                and time.perf_counter() + replay_s > deadline:
+            break
+        part = probes[b0:b0 + batch]
+        jobs = []
+        for t, rank, amax, items in part:
+            gt = inst.gpu_types[t]
+            plan = plan_gpu(gt.name, gt.profile, amax, [(inst.adapters[i], 1.0) for i in items],
+                            inst.mean_tokens, max_lora_rank=rank)
+            jobs.append(plan.twin_assignment(theta))
+        t0 = time.perf_counter()
+        res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
+                             lengths=inst.lengths, seed=inst.seed, workers=workers,
+                             check_routing=False)
+        replay_s = max(replay_s or 0.0, time.perf_counter() - t0)
+        for (t, rank, amax, items), m in zip(part, res.per_gpu):
+            if m.starved or m.memory_error:
+                out.append(_cut_for(P, t, rank, amax, items,
+                                    0.0 if m.memory_error else m.throughput_tps, theta))
     return out
 
 
@@ -324,6 +337,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         lp_s = min(10.0, 0.15 * (deadline - time.perf_counter()))
         b = lower_bounds(pool_cap, lp=True, time_limit_s=lp_s, threads=threads)
         params["bounds"] = b.to_dict()
+    replay_s = _incumbent_replay_s(incumbent, workers)   # wall s of one GPU-replay batch
     iterations = []
     cuts: list[Cut] = []
     cap_cuts: list[CapacityCut] = []
@@ -355,22 +369,35 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         if not verify:
             iterations.append(rec)
             break
+        if incumbent is not None and P.objective == "gpus" and r.objective is not None \
+                and r.objective >= incumbent.n_gpus:
+            rec["verdict"] = "not replayed: no fewer GPUs than the twin-accepted incumbent"
+            iterations.append(rec)
+            break
+        est = _replay_estimate(placement.n_gpus, replay_s, workers)
+        if est is not None and time.perf_counter() + est > deadline:
+            rec["verdict"] = f"not replayed: ~{est:.0f} s of replay would pass the time limit"
+            iterations.append(rec)
+            placement = placement.with_(notes=placement.notes + (
+                "the model's placement was not replayed in the twin (time limit)",))
+            break
+        t_rep = time.perf_counter()
         placement = twin_verify(placement, inst, duration_s=duration_s, workers=workers)
+        replay_s = (time.perf_counter() - t_rep) / max(1, math.ceil(
+            placement.n_gpus / max(1, workers or _threads())))
         rec["verdict"] = placement.verdict
         bad_gpus = [g for g in placement.gpus if g.verified is not None and not g.verified.ok]
         rec["rejected_gpus"] = len(bad_gpus)
         iterations.append(rec)
         if placement.verdict == "accepted":
             break
-        if incumbent is not None and r.objective is not None and P.objective == "gpus" \
-                and r.objective >= incumbent.n_gpus:
-            break               # the model cannot beat the twin-accepted incumbent any more
         if cut_mode == "capacity":
             new = capacity_cuts(inst, Pc, [(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
                                             [idx[a.id] for a, _ in g.adapters],
                                             0.0 if g.verified.memory_error
                                             else g.verified.throughput_tps)
-                                           for g in bad_gpus], duration_s, workers)
+                                           for g in bad_gpus], duration_s, workers,
+                                 deadline=deadline, replay_s=replay_s)
             cap_cuts += new
             rec["new_cuts"] = len(new)
         else:
@@ -401,22 +428,32 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     model_optimal = r.status == "optimal"
     if verify and incumbent is not None and (
             placement.verdict != "accepted"
-            or (P.objective == "gpus" and incumbent.n_gpus < placement.n_gpus)
-            or (P.objective == "cost" and obj.value(incumbent) < obj.value(placement) - 1e-9)):
-        why = ("the twin rejects the model's placement" if placement.verdict != "accepted"
-               else f"the model's placement uses {placement.n_gpus} GPUs")
+            or (P.objective == "gpus" and incumbent.n_gpus <= placement.n_gpus)
+            or (P.objective == "cost" and obj.value(incumbent) <= obj.value(placement) + 1e-9)):
+        # the twin-accepted incumbent is at least as good as anything the model gave
+        inc_value = incumbent.n_gpus if P.objective == "gpus" else obj.value(incumbent)
+        if placement.verdict == "rejected":
+            why = "the twin rejects the model's placement"
+        elif placement.verdict == "accepted":
+            why = f"the model's placement has objective {obj.value(placement):g}"
+        else:
+            why = "the model's placement was not replayed"
         notes.append(f"{why}; returning the twin-accepted {incumbent.method} placement "
-                     f"({incumbent.n_gpus} GPUs) found as warm start")
-        if model_optimal and placement.verdict == "accepted":
-            notes.append(f"the {sources[0].split(':')[0]} model's proven optimum "
-                         f"({r.objective:g}) is above a twin-accepted placement: the model is "
-                         "conservative here")
-        placement = incumbent.with_(method=method, status="solved", best_bound=best_bound,
+                     f"(objective {inc_value:g}) it started from")
+        if model_optimal and r.objective is not None and r.objective > inc_value + 1e-9:
+            notes.append(f"the capacity model's proven optimum ({r.objective:g}) is above a "
+                         "twin-accepted placement: the model is conservative here")
+        # the model's optimum is a claim about the incumbent only when their values agree
+        model_optimal = model_optimal and r.objective is not None \
+            and abs(r.objective - inc_value) <= 1e-9
+        placement = incumbent.with_(method=method, best_bound=best_bound,
+                                    status="optimal" if model_optimal else "solved",
                                     params={**incumbent.params})
-        model_optimal = False
     elif verify and placement.verdict == "rejected":
         notes.append(f"twin still rejects after {len(iterations)} iteration(s) "
                      "(iteration or time limit); no twin-accepted placement is known")
+    elif verify and placement.verdict is None and placement.gpus:
+        model_optimal = False
     claim = None
     if model_optimal:
         claim = ("optimal for the constant capacities" if constant
@@ -431,6 +468,25 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         status = "solved"
     return placement.with_(params={**placement.params, **params}, notes=tuple(notes),
                            objective=obj.name, status=status, best_bound=best_bound)
+
+
+def _threads() -> int:
+    from .common import default_threads
+    return default_threads()
+
+
+def _incumbent_replay_s(p: Placement | None, workers: int | None) -> float | None:
+    """Wall seconds per batch of parallel GPU replays, from a verified placement's timing."""
+    if p is None or not p.verify_wall_s or not p.gpus:
+        return None
+    return p.verify_wall_s / max(1, math.ceil(p.n_gpus / max(1, workers or _threads())))
+
+
+def _replay_estimate(n_gpus: int, replay_s: float | None, workers: int | None) -> float | None:
+    """Expected wall seconds to replay ``n_gpus`` GPUs, ``None`` before any replay was timed."""
+    if replay_s is None:
+        return None
+    return replay_s * math.ceil(n_gpus / max(1, workers or _threads()))
 
 
 def _best_bound(P: PackingProblem, r: SolveResult, b) -> float:
