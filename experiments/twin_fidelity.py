@@ -201,6 +201,7 @@ def _plot_latency(df: pd.DataFrame, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
     n = len(COMPARED)
     cols = 4
     rows = -(-n // cols)
@@ -219,6 +220,8 @@ def _plot_latency(df: pd.DataFrame, path: str) -> None:
         if key != "tps":
             ax.set_xscale("log")
             ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"real {label}")
         ax.set_ylabel(f"twin {label}")
         ax.set_title(f"{label}: SMAPE {smape(x[ok], y[ok]):.2f} %", fontsize=10)
