@@ -63,14 +63,17 @@ def cmd_solve(a: argparse.Namespace) -> int:
         except ValueError as e:
             raise CliError(f"--duration: {e}") from None
     import twin.fleet
-    twin.fleet.show_progress = not a.quiet
     opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit,
                          extra={} if a.compact else {"compact": False})
     if not a.quiet and a.verify:
         print(f"solving {inst.name} with {a.method}, then replaying it in the twin "
               f"({a.duration or inst.duration_s:g} s window; progress on stderr)", file=sys.stderr)
-    p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
-              duration_s=a.duration, workers=a.workers)
+    twin.fleet.show_progress = not a.quiet
+    try:
+        p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
+                  duration_s=a.duration, workers=a.workers)
+    finally:
+        twin.fleet.show_progress = False
     print(p.table(max_ids=a.show_ids))
     print(UNITS_NOTE)
     rc = 0
