@@ -48,19 +48,9 @@ BPP_DIR = __import__("pathlib").Path(__file__).parent / "data" / "bpp"
 # proven optima (BPPLIB); u120_08 and u120_19 are one below OR-Library's old best-known values
 BPP_OPTIMA = {"Falkenauer_u120_00": 48, "Falkenauer_u120_08": 50, "Falkenauer_u120_19": 49,
               "Falkenauer_t120_00": 40, "Falkenauer_t120_01": 40}
-MEAN_TOKENS = 223.0 + 196.3
 
 
-def bpplib_instance(name: str, profile: str = "llama-3.1-8b-instruct") -> dict:
-    """A BPPLIB file (count, capacity, weights) as an instance document: one GPU type with the
-    constant capacity ``capacity`` tok/s, one rank-8 adapter per item offering ``weight``
-    tok/s (rate = weight / mean tokens per request)."""
-    vals = (BPP_DIR / f"{name}.txt").read_text().split()
-    n, cap = int(vals[0]), int(vals[1])
-    weights = [int(v) for v in vals[2:2 + n]]
-    return {"schema_version": 1, "name": name,
-            "gpus": [{"name": "bin", "profile": profile, "count": n, "price_per_hour": 1.0,
-                      "capacity_tps": cap, "capacity_amax": 8}],
-            "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "objective": "gpus",
-            "adapters": [{"id": f"i{k}", "rank": 8, "rate": w / MEAN_TOKENS}
-                         for k, w in enumerate(weights)]}
+def bpplib_instance(name: str) -> dict:
+    """A committed BPPLIB file as an instance document (``optim.exact.classical``)."""
+    from optim.exact.classical import classical_instance, read_bin_packing
+    return classical_instance(read_bin_packing(BPP_DIR / f"{name}.txt")[0])

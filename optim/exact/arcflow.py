@@ -293,22 +293,23 @@ class _ArcFlowLp:
             return None
         return np.array(self.h.getSolution().col_value)
 
-    def heaviest_path(self, x) -> tuple[int, list[int]]:
-        """(kind, classes) of the path that follows the largest flow out of every node, in the
-        kind with the most GPUs."""
+    def heaviest_path(self, x) -> tuple[int, list[int], float]:
+        """(kind, classes, bottleneck flow) of the path that follows the largest flow out of
+        every node, in the kind with the most GPUs."""
         G = self.G
         k = max(range(len(G.kinds)), key=lambda q: (x[self.nf + q], -q))
         kind, base = G.kinds[k], self.first[k]
         out: dict[int, list[int]] = {}
         for a, (u, _, _) in enumerate(kind.arcs):
             out.setdefault(u, []).append(a)
-        u, classes = 0, []
+        u, classes, flow = 0, [], float("inf")
         while u != kind.cap:
             a = max(out[u], key=lambda q: (x[base + q], kind.arcs[q][2] >= 0, -q))
+            flow = min(flow, float(x[base + a]))
             if kind.arcs[a][2] >= 0:
                 classes.append(kind.arcs[a][2])
             u = kind.arcs[a][1]
-        return k, classes
+        return k, classes, flow
 
 
 def lp_dive(P: PackingProblem, G: ArcFlowGraph, deadline: float,
@@ -316,9 +317,10 @@ def lp_dive(P: PackingProblem, G: ArcFlowGraph, deadline: float,
     """Arc-flow LP relaxation (HiGHS) and a pattern dive for an integer solution.
 
     The LP value is the Gilmore–Gomory bound (a valid lower bound). The dive (sequential
-    rounding, as for cutting stock) commits one GPU at a time: the path that follows the largest
-    LP flow out of each node, its adapters taken off the demand rows (copies beyond what is
-    left are dropped), one GPU off the pool and the GPU-total rows, and the LP re-solved. The
+    rounding, as for cutting stock) commits GPUs path by path: the path that follows the largest
+    LP flow out of each node, as many copies as its bottleneck flow rounded down (at least one),
+    their adapters taken off the demand rows (copies beyond what is left are dropped), as many
+    GPUs off the pool and the GPU-total rows, and the LP re-solved. The
     GPU total is capped at the LP value rounded up (gpus objective), so a dive that covers
     every adapter meets the bound; when the capped LP turns infeasible the cap grows by one.
     Ends when every adapter is placed, or at ``deadline`` (``time.perf_counter()``)."""
@@ -336,19 +338,25 @@ def lp_dive(P: PackingProblem, G: ArcFlowGraph, deadline: float,
         x = lp.solve(deadline)
     used: list[tuple[int, list[int]]] = []
     while x is not None and any(demand):
-        k, classes = lp.heaviest_path(x)
-        take = []
-        for c in classes:
-            if demand[c] > 0:
-                demand[c] -= 1
-                take.append(c)
-        if not take:
+        k, classes, flow = lp.heaviest_path(x)
+        copies = max(1, int(math.floor(flow + 1e-6)))     # the LP uses the path that often
+        added = 0
+        for _ in range(copies):
+            take = []
+            for c in classes:
+                if demand[c] > 0:
+                    demand[c] -= 1
+                    take.append(c)
+            if not take:
+                break
+            used.append((k, take))
+            pool[G.kinds[k].type_index] -= 1
+            added += 1
+        if not added:
             break
-        used.append((k, take))
-        for c in set(take):
+        for c in set(classes):
             lp.h.changeRowBounds(lp.demand_row + c, float(demand[c]), float("inf"))
         t = G.kinds[k].type_index
-        pool[t] -= 1
         lp.h.changeRowBounds(lp.pool_row[t], 0.0, pool[t])
         if cap is not None:
             lp.h.changeRowBounds(lp.total_row, 0.0, float(cap - len(used)))
