@@ -65,6 +65,12 @@ class ArcFlowGraph:
     def n_arcs(self) -> int:
         return sum(len(k.arcs) for k in self.kinds)
 
+    def uncovered(self) -> list[int]:
+        """Classes no kind has an arc for (their adapters fit no GPU: the problem is
+        infeasible)."""
+        have = {c for kind in self.kinds for _, _, c in kind.arcs if c >= 0}
+        return [c for c in range(len(self.classes)) if c not in have]
+
 
 def applicable(P: PackingProblem) -> str | None:
     """``None`` when the arc-flow model is exact for ``P``, else the reason it is not."""
@@ -392,6 +398,9 @@ def solve_arcflow_milp(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
 
     from .milp import highs_threads
     t0 = time.perf_counter()
+    if G.uncovered():
+        return SolveResult("milp", "infeasible", None, None, 0.0, (), False,
+                           {"termination": "an adapter fits no GPU kind", "model": "arcflow"})
     m = pyo.ConcreteModel()
     A = [(k, a) for k, kind in enumerate(G.kinds) for a in range(len(kind.arcs))]
     m.f = pyo.Var(A, domain=pyo.NonNegativeIntegers)
@@ -443,6 +452,9 @@ def solve_arcflow_cpsat(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
     """The arc-flow model in CP-SAT (integer flows)."""
     from ortools.sat.python import cp_model
     t0 = time.perf_counter()
+    if G.uncovered():
+        return SolveResult("cpsat", "infeasible", None, None, 0.0, (), False,
+                           {"termination": "an adapter fits no GPU kind", "model": "arcflow"})
     m = cp_model.CpModel()
     ub = P.n
     f = {(k, a): m.NewIntVar(0, ub, f"f{k}_{a}") for k, kind in enumerate(G.kinds)
