@@ -35,9 +35,11 @@ Rank term (c10, ``rank_scale``): every profiling row above is rank 8, so stage 3
 relative rank multiplier of the LoRA terms on the Llama max-search runs
 (``<data>/validation_llama/maxsearch_llama.csv``, ``max_lora_rank`` 16 and 32; never the
 validation runs, which the fidelity check replays) — see :func:`fit_rank_scale`. The
-``llama2_perf_analysis_runs.csv`` runs cannot identify it: each rank ran at its own
-``max_loras`` (rank 32 at 100 slots, 16 at 150, 8 at 200) and their latency runs at one slot swap
-an adapter on every request, so rank is confounded with slots or load time. The multiplier is
+``llama2_perf_analysis_runs.csv`` runs are another model on the older V0 engine and do not
+isolate it: the compute-overhead runs give each rank its own ``max_loras`` (e.g. 200 / 150 / 100
+slots for ranks 8 / 16 / 32), their latency runs at one slot swap an adapter on every request,
+and the few runs that vary rank at equal slots (motivation figure, 13 ok runs) differ in batch
+size and have no step logs. The multiplier is
 relative to a profile's own LoRA cost, so it is shared by every profile (the Qwen rows are
 rank 8 only, like Llama's); without the max-search file c10 stays 0 and the report says so.
 """
