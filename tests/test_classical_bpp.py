@@ -69,3 +69,19 @@ def test_warm_start_from_first_fit_is_used_in_constant_mode(tmp_path):
     it = d["params"]["iterations"][0]
     assert it["warm_start_used"] and it["start"] in ("ffd", "bfd", "lp-dive")
     assert set(d["params"]["starts"]) >= {"ffd"}
+
+
+def test_warm_start_is_used_in_surrogate_mode(tmp_path):
+    """On a surrogate instance the first-fit start (and greedy's, when the model admits it) is
+    computed with the capacity model's configurations and handed to the solver."""
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "instances" / "small" / \
+        "small-02-llama-n32-g2-uniform.json"
+    doc = json.loads(src.read_text())
+    doc["adapters"] = str(src.parent / doc["adapters"]) if isinstance(doc["adapters"], str) \
+        else doc["adapters"]
+    for method in ("cpsat", "milp"):
+        d = _solve(tmp_path, doc, method, 20)
+        assert "ffd" in d["params"]["starts"]
+        assert d["params"]["warm_start_used"], method
+        assert d["best_bound"] <= d["gpus_used"]
