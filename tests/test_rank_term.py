@@ -90,3 +90,13 @@ def test_rank_term_reproducible_from_calibrate(model):
     assert rep["rank_term"]["source"] == str(RANK_RUNS)
     # fitted on max-search runs only: never on the validation runs the fidelity check replays
     assert "maxsearch" in str(RANK_RUNS) and "validation_llama.csv" not in str(RANK_RUNS)
+
+
+def test_without_rank_runs_the_term_stays_zero_and_says_why(tmp_path):
+    if not (DATA / "calibration").is_dir():
+        pytest.skip(f"shared data not found at {DATA}")
+    (tmp_path / "calibration").symlink_to(DATA / "calibration")
+    prof, rep = calibrate(tmp_path, "llama-3.1-8b-instruct")
+    assert prof.step_coef[10] == 0.0
+    assert "not found" in rep["rank_term"]["note"]
+    assert "not fitted" in prof.source["rank_scale"]
