@@ -40,7 +40,7 @@ from ..placement import GpuMetrics, Placement, plan_gpu
 from ..verify import verify as twin_verify
 from .bounds import infeasible_adapters, lower_bounds
 from .capacity import build_problem
-from .common import SolveResult
+from .common import SolveResult, effective, warm_start_solution
 from .problem import LOAD_SCALE, CapacityCut, Cut, PackingProblem, scale_load
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -190,7 +190,6 @@ def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int |
     (``arcflow.applicable``; LP bound and an LP dive first), else the assignment model with the
     pool cut down to what can beat the best start. Returns the result and a record of how."""
     from . import arcflow
-    from .common import effective, warm_start_solution
     from .cpsat import solve_cpsat
     from .first_fit import solution_value
     from .milp import solve_milp
@@ -262,7 +261,6 @@ def _pool_below(P: PackingProblem, starts) -> PackingProblem:
 
 def _start_result(P: PackingProblem, solver: str, sol, name: str, wall: float) -> SolveResult:
     """A feasible result made of a start solution (when the solver found nothing better)."""
-    from .common import effective, warm_start_solution
     from .first_fit import solution_value
     E = effective(P)
     s = warm_start_solution(P, E, sol)
@@ -313,8 +311,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     params["bounds"] = b.to_dict()
     if P.objective == "gpus":
         P = replace(P, gpu_lower_bound=int(b.best))
-    starts: list[tuple[str, list]] = []
-    ff = best_start(P)
+    starts: list[tuple[str, list]] = []        # solutions the model admits, as hints
+    ff = best_start(P) if warm_start else None
     if ff is not None:
         starts.append(ff)
     incumbent: Placement | None = None          # best twin-accepted placement so far
@@ -325,8 +323,10 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             hname, hsol, hplace = heuristic_solution(inst, obj, P, verify=verify,
                                                      duration_s=duration_s, workers=workers)
         params["warm_start_method"] = hname
-        if hsol is not None:
+        if hsol is not None and warm_start_solution(P, effective(P), hsol) is not None:
             starts.append((hname, hsol))
+        elif hsol is not None:
+            params["warm_start_rejected"] = f"{hname}'s placement does not satisfy the model"
         if verify and hplace is not None and hplace.verdict == "accepted" \
                 and hplace.status in ("solved", "optimal"):
             incumbent = hplace
@@ -350,13 +350,17 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         if left <= 0.5 and r is not None:
             break
         Pc = P.with_cuts(cuts).with_capacity_cuts(cap_cuts)
-        r, how = _model_solve(Pc, solver, deadline, threads, starts, inst.seed)
-        if r.status == "unknown" and starts and r.objective is None:
-            name, sol = min(starts, key=lambda s: solution_value(P, s[1]))
-            from .common import effective, warm_start_solution
-            if warm_start_solution(Pc, effective(Pc), sol) is not None:
-                r = replace(_start_result(Pc, solver, sol, name, r.solve_time_s),
-                            bound=r.bound)
+        it_starts = list(starts)
+        if it and warm_start:               # first fit again, with the tightened capacities
+            ffc = best_start(Pc)
+            if ffc is not None:
+                it_starts.append(ffc)
+        r, how = _model_solve(Pc, solver, deadline, threads, it_starts, inst.seed)
+        Ec = effective(Pc)
+        ok_starts = [s for s in it_starts if warm_start_solution(Pc, Ec, s[1]) is not None]
+        if r.status == "unknown" and ok_starts and r.objective is None:
+            name, sol = min(ok_starts, key=lambda s: solution_value(P, s[1]))
+            r = replace(_start_result(Pc, solver, sol, name, r.solve_time_s), bound=r.bound)
         rec = {"iteration": it, "status": r.status, "objective": r.objective, "bound": r.bound,
                "gap": r.gap, "solve_time_s": round(r.solve_time_s, 3),
                "warm_start_used": r.warm_start_used, "cuts": len(cuts) + len(cap_cuts),
