@@ -490,6 +490,24 @@ def test_surrogates_build_ctrl_c_saves_finished_scenarios_and_resumes(tmp_path):
     assert 0 < n_saved < 40
 
 
+def test_optim_solve_ctrl_c_during_the_twin_replay_is_one_line(tmp_path):
+    inst = tiny_instance(tmp_path, rate=1.5, n=32)
+    err_file = tmp_path / "err.txt"
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(inst), "--method",
+                                 "random", "--gpus", "4", "--duration", "7200", "--workers", "2"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and "twin replay" not in err_file.read_text():
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    text = err_file.read_text()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and text.strip().endswith("interrupted")
+
+
 def test_entry_points_print_no_traceback_on_binary_input(tmp_path):
     junk = write(tmp_path / "junk.json", JUNK)
     for cmd in (["optim", "solve", str(junk), "--method", "greedy"],

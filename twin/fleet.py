@@ -100,5 +100,15 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(jobs) == 1:
         return FleetResult(shown(_simulate_one(j) for j in jobs))
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+    ex = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_leave_ctrl_c_to_parent)
+    try:
         return FleetResult(shown(ex.map(_simulate_one, jobs)))
+    finally:   # on Ctrl-C: drop the GPUs not started, wait only for the running ones
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _leave_ctrl_c_to_parent() -> None:
+    """Worker start-up: Ctrl-C reaches the parent, which stops the fleet; a worker interrupted
+    inside the compiled kernel would print a traceback of its own."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
