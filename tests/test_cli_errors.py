@@ -192,6 +192,12 @@ def test_twin_run_overload_says_requests_are_unfinished(capsys):
     assert "verdict: STARVED" in out and "were unfinished when the window closed" in out
 
 
+def test_twin_run_without_arrivals_says_so(capsys):
+    rc, out, _ = run(twin_main, ["run", "--adapters", "1", "--rates", "0.0001", "--duration", "1"],
+                     capsys)
+    assert rc == 0 and "verdict: NO REQUEST arrived" in out and "not starved" not in out
+
+
 def test_twin_run_trace_window_defaults_to_the_trace_span(tmp_path, capsys):
     rng = np.random.default_rng(0)
     t = np.sort(rng.random(300) * 600.0)

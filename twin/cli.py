@@ -144,6 +144,9 @@ def describe_run(m, threshold: float = 0.9) -> list[str]:
     if m.memory_error:
         return ["verdict: MEMORY ERROR - this (Amax, max_lora_rank) configuration has no "
                 "KV-capacity entry in the profile: vLLM would not start it."]
+    if m.arrived_requests == 0:
+        return ["verdict: NO REQUEST arrived in the window, so there is nothing to measure: "
+                "lengthen --duration or raise the rates."]
     lines = []
     ratio = m.throughput_tps / m.offered_realised_tps if m.offered_realised_tps > 0 else float("nan")
     if m.starved:
@@ -168,8 +171,6 @@ def describe_run(m, threshold: float = 0.9) -> list[str]:
     if m.rejected_requests:
         lines.append(f"  {m.rejected_requests:,} requests were rejected by the client's queue "
                      "cap (they count as offered, not served).")
-    if m.arrived_requests == 0:
-        lines.append("  No request arrived in the window: every metric is empty.")
     lines.append("  throughput = input+output tokens of requests finished in the window / window; "
                  "offered_tps = expected load, offered_realised_tps = tokens of the requests "
                  "that arrived; TTFT/ITL over finished requests.")
