@@ -50,9 +50,13 @@ def cmd_solve(a: argparse.Namespace) -> int:
     if not a.adapter_dir.strip():
         raise CliError("--adapter-dir: empty path")
     try:
-        get_method(a.method)
+        info = get_method(a.method)
     except KeyError as e:
         raise CliError(f"--method: {e.args[0]}") from None
+    if a.gpus is not None and not info.fixed_fleet:
+        fixed = ", ".join(n for n in method_names() if get_method(n).fixed_fleet)
+        raise CliError(f"--gpus {a.gpus}: method '{a.method}' chooses the fleet size itself; "
+                       f"--gpus applies to the fixed-fleet methods ({fixed})")
     try:
         inst = load_instance(a.instance)
     except InstanceError as e:

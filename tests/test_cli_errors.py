@@ -302,6 +302,7 @@ def test_optim_solve_refuses_a_broken_adapters_csv(tmp_path, capsys):
     (["--workers", "x"], ["--workers", "'x'"]),
     (["--show-ids", "-1"], ["--show-ids", "'-1'"]),
     (["--gpus", "0"], ["--gpus", "'0'"]),
+    (["--gpus", "2"], ["--gpus 2", "method 'greedy' chooses the fleet size", "random"]),
     (["--seed", "-1"], ["--seed", "'-1'"]),
     (["--duration", "nan"], ["--duration", "'nan'"]),
     (["--duration", "1e7"], ["--duration", "'1e7'"]),
