@@ -18,19 +18,26 @@ them, and ``auto`` runs them where they apply):
   their own default (capacity bound, or LoRAServe's utilisation bound), and the first size the
   twin accepts is their GPU count; no accepted size within ``--max-extra`` GPUs is a failure.
 
-Every instance also gets the twin lower bound ``lb`` on the GPUs of *any* placement
-(``optim.feasibility.lora_gpu_lower_bound``: no LoRA-enabled GPU serves more than a one-adapter,
-one-slot server at its peak). It bounds what any method can save over MaxBase:
-``maxbase_reduction_ceiling`` is the mean of ``(MaxBase - lb) / MaxBase`` over the points where
-MaxBase has a count, and ``greedy_gpus_above_bound`` sums ``greedy - lb`` (greedy's distance from
-a proven optimum at most).
+Every instance also gets the twin-sound lower bound ``lb`` on the GPUs of *any* placement the
+twin accepts with the same window (``optim.feasibility.twin_lower_bound``: the largest load an
+unstarved GPU carries, measured with the verification seeds and a spread margin, one-adapter
+and adapter-count-aware), and ``lb_one`` (the one-adapter part alone). A method's count is
+*certified optimal* at a point when the twin accepts its own placement with ``lb`` GPUs.
 
-Writes ``gpu_savings.csv``, ``gpu_savings.md`` (GPUs per method and ``lb``, one row per instance)
-and ``gpu_savings.png`` (GPUs vs adapters per scenario, the bound dashed) under ``--out-dir``,
-optionally all rows as JSON, and ends with ``greedy_vs_maxbase_gpu_reduction=<pct> greedy_twin_failures=<k>``: the mean
-relative GPU reduction of greedy over MaxBase on every point where both have a twin-accepted
-count (MaxBase's own or scaled out) and greedy's twin failures. The line before it gives the
-same mean restricted to the points where MaxBase's own proposal was accepted.
+MaxBase is reported both ways, each stated: ``maxbase`` is the GPUs its rule needs *scaled out*
+until the twin accepts (its proposal, when accepted, else the first accepted larger fleet), and
+``maxbase_strict`` is its own placement only (a starving point is a failure and has no count).
+``maxbase_reduction_ceiling`` is the mean of ``(MaxBase scaled out - lb) / MaxBase`` over the
+points where MaxBase has a count (no placement can save more on average), and
+``greedy_gpus_above_bound`` sums ``greedy - lb``.
+
+Writes ``gpu_savings.csv``, ``gpu_savings.md`` (GPUs per method, MaxBase strict, ``lb``; one row
+per instance) and ``gpu_savings.png`` (GPUs vs adapters per scenario, the bound dashed) under
+``--out-dir``, optionally all rows as JSON. The summary prints total GPUs per method (MaxBase
+scaled out and strict, with its failures), the mean relative reduction of greedy over MaxBase
+both ways, and ends with ``greedy_vs_maxbase_gpu_reduction=<pct> greedy_twin_failures=<k>
+greedy_total_gpus=<n> certified_optimal=<c>/<points>`` (reduction over MaxBase scaled out;
+``greedy_total_gpus`` sums greedy's twin-accepted counts; its failures are counted apart).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from optim.feasibility import lora_gpu_lower_bound
+from optim.feasibility import twin_lower_bound
 from optim.instance import Instance, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
@@ -156,6 +163,23 @@ def above_bound(df: pd.DataFrame, a: str = "greedy") -> int | None:
     return None if part.empty else int((part["gpus"] - part["lb"]).sum())
 
 
+def total_gpus(df: pd.DataFrame, a: str, strict: bool = False) -> tuple[int | None, int]:
+    """(sum of ``a``'s twin-accepted GPU counts, points without one). ``strict``: only ``a``'s
+    own placements count (a scaled-out count is a failure, as is any rejected proposal)."""
+    part = df[df["method"] == a]
+    if part.empty:
+        return None, 0
+    ok = part[~part["failed"].astype(bool)] if strict else part[part["gpus"].notna()]
+    return int(ok["gpus"].sum()), int(len(part) - len(ok))
+
+
+def certified(df: pd.DataFrame, a: str = "greedy") -> int:
+    """Points where ``a``'s own twin-accepted placement uses exactly ``lb`` GPUs (optimal in
+    the twin)."""
+    part = df[(df["method"] == a) & ~df["failed"].astype(bool) & df["gpus"].notna()]
+    return int((part["gpus"] == part["lb"]).sum())
+
+
 def plot(df: pd.DataFrame, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -223,11 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
-        lb = lora_gpu_lower_bound(inst)
+        bound = twin_lower_bound(inst, dur, a.workers)
         for m in methods:
             r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
-            rows.append({"instance": inst.name, **sc, "lb": lb, "method": m, "duration_s": dur,
-                         **r})
+            rows.append({"instance": inst.name, **sc, "lb": bound.best,
+                         "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r})
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return f"{int(r['gpus'])}*" if r["failed"] else f"{int(r['gpus'])}"
 
     shown = df.assign(cell=df.apply(cell, axis=1))
+    mb = df[df["method"] == "maxbase"]
+    if not mb.empty:                  # MaxBase strict: its own placement, or "starved"
+        strict_cells = mb.assign(method="maxbase_strict", cell=[
+            "starved" if f else str(int(g)) for f, g in zip(mb["failed"], mb["proposed_gpus"])])
+        shown = pd.concat([shown, strict_cells], ignore_index=True)
     piv = shown.pivot_table(index=["scenario", "n", "lb"], columns="method", values="cell",
                             aggfunc="first").reset_index()
     fails = df[df["failed"]].groupby("method").size().to_dict()
@@ -247,8 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         md.append("| " + " | ".join(str(v) for v in row.values) + " |")
     md.append("")
     md.append("`k*`: the method's own placement starved on the twin; k GPUs is the first fleet "
-              "its rule, scaled out, gets accepted with. `fail`: no accepted placement. `lb`: twin lower "
-              "bound on the GPUs of any placement.")
+              "its rule, scaled out, gets accepted with (column `maxbase`: MaxBase scaled out). "
+              "`maxbase_strict`: MaxBase's own placement only (`starved`: the twin rejects it). "
+              "`fail`: no accepted placement. `lb`: twin-sound lower bound on the GPUs of any "
+              "placement the twin accepts.")
     md.append("Own placements rejected by the twin, per method: "
               + ", ".join(f"{m}={fails.get(m, 0)}" for m in methods))
     (out / "gpu_savings.md").write_text("\n".join(md) + "\n", encoding="utf-8")
@@ -261,27 +292,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("mean GPUs where accepted: " + ", ".join(f"{m}={means.get(m, float('nan')):.2f}"
                                                    for m in methods))
     for m in methods:
+        tot, miss = total_gpus(df, m)
+        print(f"{m}_total_gpus={tot} (points without an accepted count: {miss})")
+    if "maxbase" in methods:
+        strict_tot, strict_fail = total_gpus(df, "maxbase", strict=True)
+        print(f"maxbase_strict_total_gpus={strict_tot} over the {len(paths) - strict_fail} points "
+              f"where its own placement is accepted; maxbase_strict_failures={strict_fail} "
+              f"(its own placement starves)")
+    for m in methods:
         if m == "maxbase":
             continue
         red, k = reduction(df, m, "maxbase")
         if red is not None:
-            print(f"{m}_vs_maxbase_gpu_reduction={red:.1f}% {m}_twin_failures={k}")
+            print(f"{m}_vs_maxbase_gpu_reduction={red:.1f}% {m}_twin_failures={k} "
+                  "(MaxBase scaled out)")
     print(f"wrote {out}/gpu_savings.csv, .md, .png in {time.perf_counter() - t0:.0f}s")
     ceiling, above = reduction_ceiling(df), above_bound(df)
     if ceiling is not None:
         print(f"maxbase_reduction_ceiling={ceiling:.1f} (no placement can save more over MaxBase "
-              "on average at these points)")
+              "scaled out on average at these points)")
     if above is not None:
         print(f"greedy_gpus_above_bound={above} (over {df['instance'].nunique()} instances)")
     strict, _ = reduction(df, strict=True)
     if strict is not None:
-        print(f"greedy_vs_maxbase_gpu_reduction_where_maxbase_own_accepted={strict:.1f}")
+        print(f"greedy_vs_maxbase_strict_gpu_reduction={strict:.1f} (only the points where "
+              "MaxBase's own placement is accepted)")
     red, k = reduction(df)
-    if red is None:
-        print("note: no 'greedy' method is registered yet; its figures are n/a")
-        print("greedy_vs_maxbase_gpu_reduction=n/a greedy_twin_failures=n/a")
+    n_pts = df["instance"].nunique()
+    tot, _ = total_gpus(df, "greedy")
+    if red is None and tot is None:
+        print("note: no 'greedy' method was run; its figures are n/a")
+        print(f"greedy_vs_maxbase_gpu_reduction=n/a greedy_twin_failures=n/a "
+              f"greedy_total_gpus=n/a certified_optimal=n/a/{n_pts}")
     else:
-        print(f"greedy_vs_maxbase_gpu_reduction={red:.1f} greedy_twin_failures={k}")
+        red_s = "n/a" if red is None else f"{red:.1f}"
+        print(f"greedy_vs_maxbase_gpu_reduction={red_s} greedy_twin_failures={k} "
+              f"greedy_total_gpus={tot} certified_optimal={certified(df)}/{n_pts}")
     return 0
 
 

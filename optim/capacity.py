@@ -6,8 +6,10 @@
   only adds work), which makes it the capacity of the infeasibility pre-checks.
 * ``lora_max_throughput`` — the same with LoRA on (one rank class, a fixed slot count): the
   per-rank "operating point" LoRAServe budgets GPUs with.
-* ``lora_peak_throughput`` — an upper bound on the throughput of *any* LoRA-enabled GPU whose
-  ``max_lora_rank`` is at least a given rank: the lower bounds on GPU counts use it.
+* ``carry_limit`` — the largest expected offered load a GPU with ``n`` equal-rate adapters of a
+  rank carries unstarved in the twin, measured with the window and workload seeds of
+  verification, plus a margin from the run-to-run spread: the twin-sound lower bounds on GPU
+  counts (``optim.feasibility``) use it.
 * ``max_startable_amax`` — the largest Amax whose (Amax, rank) configuration starts.
 * ``adapter_kv_cost`` — KV tokens one adapter slot of a rank costs (dLoRA's memory model).
 
@@ -15,18 +17,34 @@ Saturation is measured in two passes: a first run at a load far above any GPU's 
 an estimate ``T``; the reported value is the throughput of a run offered ``1.25 x T`` (an
 unbounded overload would let the waiting queue, whose scan cost the step model charges, grow
 without limit and understate the capacity). Results are cached per (profile, lengths).
+
+Least-work server. Every LoRA step costs ``c0 + ... + m x (c4 + c5 A + c6 tok A + c7 K + c8
+tiles) + c9 W`` (``twin.step_time``; all coefficients >= 0): for a given batch, one adapter
+(K = 1, the fewest tiles) of the smallest rank (m smallest, largest KV cache) minimises every
+LoRA term but two that pull in opposite directions — the slot terms (c5, c6: fewest at A = 1)
+and the waiting-queue scan c9 W, paid on every step whose batch already holds ``A`` adapters
+(always with A = 1 and a queue, never with one adapter on A >= 2). A >= 3 costs more than A = 2
+per step with the same KV cache (every Amax up to 8 shares the KV entry of 8), so one adapter
+on Amax 1 or 2 is the least-work server; which of the two carries more is measured (on the H100
+profiles Amax 2 does: the scan costs more than a second idle slot).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
 import numpy as np
 
 from twin import kernel as K
 from twin.lengths import LengthModel, default_lengths
 from twin.metrics import compute_metrics
 from twin.profile import GpuProfile, load_profile
-from twin.server import ServerConfig, simulate_requests
+from twin.server import ServerConfig, simulate_requests, simulate_server
 from twin.workload import Adapter, generate_requests
 
 SATURATION_DURATION_S = 900.0
@@ -103,37 +121,266 @@ def lora_max_throughput(profile: GpuProfile | str, rank: int, lengths: LengthMod
     return _cache[key]
 
 
-PEAK_LOAD_FACTORS = (0.95, 1.0, 1.05, 1.1, 1.25, 1.5)
-PEAK_NOISE_MARGIN = 1.02
+# ----------------------------------------------------------------------------- twin-sound limits
+BOUND_SEEDS = 8            # verification seeds inst.seed + 0 .. inst.seed + 7
+COUNT_SEEDS = 4            # the first 4 of them for limits of several adapters
+LEAST_WORK_AMAX = (1, 2)   # one adapter: the configurations that can do the least work per step
+SPREAD_SIGMAS = 4.0        # margin: mean + 4 sample standard deviations over the seeds
+LIMIT_RTOL = 1e-3          # bisection resolution of a limit (relative)
+_LIMIT_VERSIONS = (1, 3)    # one adapter, several: bump when a measurement changes (disk cache)
 
 
-def lora_peak_throughput(profile: GpuProfile | str, rank: int, lengths: LengthModel | None = None,
-                         duration_s: float = SATURATION_DURATION_S, seed: int = 0) -> float:
-    """Tokens/s no LoRA-enabled GPU with ``max_lora_rank >= rank`` exceeds in the twin.
+@dataclass(frozen=True)
+class CarryLimit:
+    """Largest expected offered load (tok/s) one GPU carries unstarved in the twin with
+    ``n_adapters`` equal-rate adapters of ``rank`` (``max_lora_rank = rank``).
 
-    The server with one adapter of the smallest supported rank >= ``rank`` and one slot does the
-    least work per token any LoRA configuration can: the largest KV cache of its rank, no slot
-    contention, no swaps, one adapter per step (step time and KV use grow with distinct adapters
-    and rank). Its throughput peaks near saturation, so the value is the largest throughput over
-    offered loads ``PEAK_LOAD_FACTORS`` x its saturated throughput, times
-    ``PEAK_NOISE_MARGIN`` for the run-to-run spread of a saturated server (< 0.5 % between
-    seeds). Zero when no configuration of such a rank starts."""
+    ``per_seed_tps[i]`` is the limit measured with workload seed ``seeds[i]`` at the best
+    configuration (``amax``; for one adapter the better of Amax 1 and 2 per seed), found by
+    bisection on the load (resolution ``LIMIT_RTOL``); ``limit_tps`` = max(largest measured,
+    mean + ``SPREAD_SIGMAS`` x ``spread_tps``), ``spread_tps`` being the sample standard
+    deviation over the seeds (the run-to-run spread of a saturated GPU: realised load and
+    completions in the window vary with the draw)."""
+
+    profile: str
+    rank: int
+    n_adapters: int
+    amax: int
+    duration_s: float
+    threshold: float
+    seeds: tuple[int, ...]
+    per_seed_tps: tuple[float, ...]
+    spread_tps: float
+    limit_tps: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cache_path() -> Path:
+    root = os.environ.get("LORA_PLACEMENT_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "lora-placement"
+    return base / "carry_limits.json"
+
+
+def _disk_get(key: str) -> dict | None:
+    try:
+        return json.loads(_cache_path().read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def _disk_put(key: str, value: dict) -> None:
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = value
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass                                  # a read-only home: measured again next time
+
+
+_fingerprints: dict[str, str] = {}
+
+
+def twin_fingerprint(prof: GpuProfile) -> str:
+    """Hash of a short, loaded multi-rank twin run on ``prof``: it changes whenever the twin's
+    behaviour does (step-time terms, scheduler, profile values), so cached limits measured with
+    an older twin are not reused."""
+    key = json.dumps(prof.to_dict(), sort_keys=True)
+    if key not in _fingerprints:
+        ranks = sorted(prof.supported_ranks)[:3]
+        ads = [Adapter(f"f{i}", r, 4.0 + 3 * i) for i, r in enumerate(ranks)]
+        amax = max((a for (a, r) in prof.kv_capacity if r == max(ranks)), default=1)
+        m = simulate_server(prof, ads, ServerConfig(max_loras=min(2, amax)), 60.0,
+                            lengths=default_lengths(), seed=0)
+        blob = json.dumps([key, m.throughput_tps, m.offered_realised_tps, m.mean_itl_ms,
+                           m.to_dict().get("steps")], sort_keys=True, default=str)
+        _fingerprints[key] = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _fingerprints[key]
+
+
+def _limit_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, duration_s: float,
+               seeds: tuple[int, ...], threshold: float) -> str:
+    blob = json.dumps({"v": _LIMIT_VERSIONS[n > 1], "profile": prof.to_dict(), "rank": rank, "n": n,
+                       "lengths": lengths.to_dict(), "duration_s": float(duration_s),
+                       "seeds": list(seeds), "threshold": float(threshold),
+                       "sigmas": SPREAD_SIGMAS, "rtol": LIMIT_RTOL,
+                       "twin": twin_fingerprint(prof)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _equal_jobs(prof: GpuProfile, rank: int, n: int, amax: int, loads: Sequence[float],
+                lengths: LengthModel, threshold: float):
+    from twin.fleet import GpuAssignment
+    per = lengths.mean_input + lengths.mean_output
+    cfg = ServerConfig(max_loras=int(amax), max_lora_rank=rank, starvation_threshold=threshold)
+    return [GpuAssignment(prof.name, cfg, tuple((Adapter(f"e{i}", rank, load / per / n), 1.0)
+                                                for i in range(n))) for load in loads]
+
+
+def _unstarved(prof: GpuProfile, rank: int, n: int, jobs: Sequence[tuple[int, float, int]],
+               lengths: LengthModel, duration_s: float, threshold: float, pool) -> list[bool]:
+    """Twin verdicts of (amax, expected load, seed) jobs with ``n`` equal-rate adapters."""
+    from twin.fleet import simulate_fleet
+    gpus = [_equal_jobs(prof, rank, n, a, [load], lengths, threshold)[0] for a, load, _ in jobs]
+    res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=1, pool=pool,
+                         check_routing=False, seeds=[s for _, _, s in jobs])
+    return [not (m.starved or m.memory_error) for m in res.per_gpu]
+
+
+def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[int, int]],
+                   guess: float, lengths: LengthModel, duration_s: float, threshold: float,
+                   pool) -> list[float]:
+    """Largest unstarved expected load of each (amax, seed) pair, all pairs bisected in lockstep
+    (one parallel twin batch per round). Brackets grow by 1 % steps from ``guess``; after the
+    bisection, a load 1 % above the result is replayed, and a pair found unstarved there is
+    bisected again from that load (throughput need not fall monotonically)."""
+    lo = [0.0] * len(pairs)
+    hi = [0.0] * len(pairs)
+    probe = [guess] * len(pairs)
+    for _ in range(3):                                 # at most two restarts per pair
+        while True:                                    # bracket
+            todo = [i for i in range(len(pairs)) if lo[i] == 0.0 or hi[i] == 0.0]
+            if not todo:
+                break
+            ok = _unstarved(prof, rank, n, [(pairs[i][0], probe[i], pairs[i][1]) for i in todo],
+                            lengths, duration_s, threshold, pool)
+            for i, good in zip(todo, ok):
+                if good:
+                    lo[i] = max(lo[i], probe[i])
+                    probe[i] *= 1.01
+                else:
+                    hi[i] = probe[i] if hi[i] == 0.0 else min(hi[i], probe[i])
+                    probe[i] /= 1.01
+                if lo[i] == 0.0 and probe[i] < 0.5 * guess:
+                    raise ValueError(f"profile '{prof.name}': {n} adapter(s) of rank {rank} "
+                                     "starve at any load")
+        while True:                                    # bisection
+            todo = [i for i in range(len(pairs)) if hi[i] / lo[i] > 1 + LIMIT_RTOL]
+            if not todo:
+                break
+            mids = {i: (lo[i] * hi[i]) ** 0.5 for i in todo}
+            ok = _unstarved(prof, rank, n, [(pairs[i][0], mids[i], pairs[i][1]) for i in todo],
+                            lengths, duration_s, threshold, pool)
+            for i, good in zip(todo, ok):
+                if good:
+                    lo[i] = mids[i]
+                else:
+                    hi[i] = mids[i]
+        checks = [(i, 1.01) for i in range(len(pairs))]
+        ok = _unstarved(prof, rank, n, [(pairs[i][0], lo[i] * f, pairs[i][1]) for i, f in checks],
+                        lengths, duration_s, threshold, pool)
+        again = {}
+        for (i, f), good in zip(checks, ok):
+            if good:
+                again[i] = max(again.get(i, 0.0), lo[i] * f)
+        if not again:
+            break
+        for i, load in again.items():
+            lo[i], hi[i], probe[i] = load, 0.0, load * 1.01
+    return lo
+
+
+def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: LengthModel,
+                   duration_s: float, seeds: tuple[int, ...], threshold: float, top: int,
+                   one: CarryLimit | None, pool) -> CarryLimit:
+    """The measurement behind ``carry_limit`` (its docstring), twin runs on ``pool``;
+    ``one``: the one-adapter limit (None when measuring it)."""
+    if one is None:
+        sat = lora_max_throughput(prof, rank, lengths, n_adapters=1,
+                                  duration_s=min(duration_s, 900.0), seed=seeds[0])
+        amaxes, guess = [a for a in LEAST_WORK_AMAX if a <= top], 1.02 * sat / threshold
+    else:
+        from twin.fleet import simulate_fleet
+        over = 1.05 * one.limit_tps
+
+        def score(xs: list[int]) -> list[float]:
+            gpus = [_equal_jobs(prof, rank, n_adapters, a, [over], lengths, threshold)[0]
+                    for a in xs]
+            res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=1,
+                                 check_routing=False, seeds=[seeds[0]] * len(xs), pool=pool)
+            return [-np.inf if m.memory_error else m.throughput_tps for m in res.per_gpu]
+
+        from .integer_search import search_max
+        best, thr, _ = search_max(score, min(n_adapters + 1, top))
+        # the overload optimum need not be the optimum at the limit: one slot per adapter
+        # (and one more) are bisected too, and every seed keeps its best
+        amaxes = sorted({best, n_adapters, n_adapters + 1} & set(range(1, top + 1)))
+        guess = thr / threshold
+    pairs = [(a, s) for a in amaxes for s in seeds]
+    lims = _bisect_limits(prof, rank, n_adapters, pairs, guess, lengths, duration_s, threshold,
+                          pool)
+    by = {a: [lims[pairs.index((a, s))] for s in seeds] for a in amaxes}
+    per_seed = [max(by[a][j] for a in amaxes) for j in range(len(seeds))]
+    amax = max(amaxes, key=lambda a: (float(np.mean(by[a])), -a))
+    if one is None:                 # one adapter: the larger deviation of Amax 1 and 2
+        spread = max(float(np.std(by[a], ddof=1)) if len(seeds) > 1 else 0.0 for a in amaxes)
+    else:                           # the per-seed best; at least the one-adapter relative spread
+        spread = float(np.std(per_seed, ddof=1)) if len(seeds) > 1 else 0.0
+        spread = max(spread, one.spread_tps / one.limit_tps * float(np.mean(per_seed)))
+    limit = max(max(per_seed), float(np.mean(per_seed)) + SPREAD_SIGMAS * spread)
+    return CarryLimit(prof.name, int(rank), int(n_adapters), int(amax), float(duration_s),
+                     float(threshold), seeds, tuple(per_seed), spread, limit)
+
+
+def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
+                lengths: LengthModel | None = None, duration_s: float = 3600.0,
+                seeds: Sequence[int] = tuple(range(BOUND_SEEDS)), threshold: float = 0.9,
+                workers: int | None = None) -> CarryLimit:
+    """Twin-measured ``CarryLimit`` of ``n_adapters`` equal-rate adapters of ``rank``
+    (cached in memory and on disk, keyed by the profile's content, rank, count, lengths,
+    window, seeds, threshold and ``twin_fingerprint``; the disk cache lives in
+    ``$LORA_PLACEMENT_CACHE`` or ``~/.cache/lora-placement``).
+
+    Configuration. One adapter: Amax 1 and 2 are both measured; they are the least-work servers
+    of all (module docstring). ``n_adapters`` >= 2: the Amax of highest
+    saturated throughput over every integer 1..min(n + 1, largest startable Amax), found by
+    ``integer_search.search_max`` with the first seed at an overload of 1.05 x the one-adapter
+    limit; the limit is then bisected at that Amax, at Amax = n and at n + 1 for the first
+    ``COUNT_SEEDS`` seeds (each seed keeping its best), and the
+    spread taken is at least the one-adapter spread relative to its limit (measured on all
+    seeds)."""
     prof = _profile(profile)
     lengths = lengths if lengths is not None else default_lengths()
-    ranks = sorted(r for r in prof.supported_ranks
-                   if r >= rank and max_startable_amax(prof, r) >= 1)
-    if not ranks:
-        return 0.0
-    r = ranks[0]
-    key = _key("peak", prof.name, r, lengths, duration_s, seed)
-    if key not in _cache:
-        sat = lora_max_throughput(prof, r, lengths, n_adapters=1, duration_s=duration_s,
-                                  seed=seed)
-        cfg = ServerConfig(max_loras=1, max_lora_rank=r)
-        best = max([sat] + [_lora_run(prof, cfg, 1, f * sat, lengths, duration_s, seed + 1)
-                            for f in PEAK_LOAD_FACTORS])
-        _cache[key] = best * PEAK_NOISE_MARGIN
-    return _cache[key]
+    seeds = tuple(int(s) for s in seeds)
+    if n_adapters < 1 or not seeds:
+        raise ValueError(f"carry_limit: n_adapters must be >= 1 and seeds non-empty "
+                         f"(got {n_adapters}, {seeds})")
+    top = max_startable_amax(prof, rank)
+    if top < 1:
+        raise ValueError(f"profile '{prof.name}': no configuration with rank {rank} starts")
+    key = _limit_key(prof, rank, n_adapters, lengths, duration_s,
+                     seeds if n_adapters == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold)
+    if key in _cache:
+        return _cache[key]
+    hit = _disk_get(key)
+    if hit is not None:
+        hit = {**hit, "seeds": tuple(hit["seeds"]), "per_seed_tps": tuple(hit["per_seed_tps"])}
+        _cache[key] = CarryLimit(**hit)
+        return _cache[key]
+    one = None
+    if n_adapters > 1:
+        one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers)
+        seeds = seeds[:COUNT_SEEDS]
+    n_workers = workers or os.cpu_count() or 1
+    if n_workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold,
+                                 top, one, pool)
+    else:
+        out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
+                             one, None)
+    _cache[key] = out
+    _disk_put(key, out.to_dict())
+    return out
 
 
 def max_startable_amax(profile: GpuProfile | str, rank: int) -> int:
@@ -158,6 +405,6 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-__all__ = ["backbone_max_throughput", "lora_max_throughput", "lora_peak_throughput",
-           "max_startable_amax",
+__all__ = ["backbone_max_throughput", "lora_max_throughput",
+           "max_startable_amax", "CarryLimit", "carry_limit", "twin_fingerprint",
            "adapter_kv_cost", "clear_cache"]

@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .capacity import backbone_max_throughput, lora_peak_throughput, max_startable_amax
+import numpy as np
+
+from .capacity import BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax
 from .instance import Instance
 
 
@@ -65,31 +67,180 @@ def _listing(items: list[str], k: int = 5) -> str:
     return ", ".join(items[:k]) + (f" (+{len(items) - k} more)" if len(items) > k else "")
 
 
-def _count_bound(inst: Instance, capacity_tps: float) -> int:
-    """ceil(threshold x total load / capacity_tps), at least 1."""
-    return max(1, math.ceil(inst.starvation_threshold * inst.total_load_tps / capacity_tps - 1e-9))
+def _count_bound(load_tps: float, cap_tps: float) -> int:
+    """ceil(load / per-GPU cap), at least 1."""
+    return max(1, math.ceil(load_tps / cap_tps - 1e-9))
 
 
 def gpu_lower_bound(inst: Instance) -> int:
     """Capacity lower bound on the GPU count: ceil(threshold x total load / best GPU capacity)."""
-    return _count_bound(inst, max(backbone_max_throughput(t.profile, inst.lengths)
-                                  for t in inst.gpu_types))
+    return _count_bound(inst.starvation_threshold * inst.total_load_tps,
+                        max(backbone_max_throughput(t.profile, inst.lengths)
+                            for t in inst.gpu_types))
 
 
-def lora_gpu_lower_bound(inst: Instance) -> int:
-    """Twin lower bound on the GPU count of any placement: every GPU serving adapters runs with
-    LoRA on and ``max_lora_rank`` at least the smallest adapter rank ``r``, so it serves at most
-    ``P_t = capacity.lora_peak_throughput(type t, r)`` tokens/s and, unstarved, carries at most
-    ``P_t / threshold`` offered tokens/s: ``ceil(threshold x total load / max_t P_t)``.
+COUNT_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+              1024, 1536, 2048)
 
-    Tighter than ``gpu_lower_bound`` (LoRA costs throughput: the peak is about 63 % of the
-    backbone's on the H100 profiles). The load is the expected one; the realised load of an hour
-    differs by well under the margin ``lora_peak_throughput`` includes."""
-    r = min(a.rank for a in inst.adapters)
-    best = max(lora_peak_throughput(t.profile, r, inst.lengths) for t in inst.gpu_types)
-    if best <= 0:
-        raise ValueError(f"{inst.name}: no GPU type starts a LoRA configuration of rank >= {r}")
-    return _count_bound(inst, best)
+
+@dataclass(frozen=True)
+class TwinBound:
+    """Twin-sound lower bounds on the GPU count of any twin-accepted placement of an instance,
+    for a twin window ``duration_s`` (see ``twin_lower_bound``).
+
+    ``one_adapter`` = ceil(load / ``gpu_cap_tps``), ``gpu_cap_tps`` being the largest one-adapter
+    carry limit over the GPU types; ``by_count`` = ceil(load / ``count_cap_tps``), the cap of a
+    GPU that must hold several adapters because no adapter offers more than
+    ``max_adapter_tps``; ``best`` = max of the two. ``count_limits`` lists the
+    (adapters, carry limit) points measured for it."""
+
+    instance: str
+    duration_s: float
+    load_tps: float
+    max_adapter_tps: float
+    gpu_cap_tps: float
+    count_cap_tps: float
+    one_adapter: int
+    by_count: int
+    count_limits: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def best(self) -> int:
+        return max(self.one_adapter, self.by_count)
+
+    def to_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in ("instance", "duration_s", "load_tps",
+                                                  "max_adapter_tps", "gpu_cap_tps",
+                                                  "count_cap_tps", "one_adapter", "by_count")},
+                "best": self.best, "count_limits": [list(x) for x in self.count_limits]}
+
+
+def _bound_seeds(inst: Instance) -> tuple[int, ...]:
+    return tuple(inst.seed + g for g in range(BOUND_SEEDS))
+
+
+def _smallest_rank(inst: Instance) -> int:
+    return min(a.rank for a in inst.adapters)
+
+
+def _type_rank(inst: Instance, t) -> int | None:
+    """Smallest startable rank >= the instance's smallest adapter rank on GPU type ``t``."""
+    prof = t.load_profile()
+    r = _smallest_rank(inst)
+    ranks = sorted(x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1)
+    return ranks[0] if ranks else None
+
+
+def count_cap(limit_of, one: float, max_adapter_tps: float, grid: tuple[int, ...] = COUNT_GRID,
+              ceiling: float = np.inf) -> tuple[float, list[tuple[int, float]]]:
+    """Largest load ``E`` one GPU can carry when no adapter offers more than ``max_adapter_tps``
+    (``l``), given ``limit_of(n)`` = carry limit of ``n`` equal-rate adapters (``one`` = n = 1).
+
+    Soundness. A GPU carrying ``E`` holds at least ceil(E / l) adapters with load. Among load
+    vectors with that total and every entry <= l, the most concentrated one (entries l, ..., l,
+    remainder) is the one that costs the twin least (fewest distinct adapters per step, fewest
+    LoRA tiles, least slot contention), and it is itself less concentrated than ``j(E)`` =
+    max(1, ceil(E / l) - 1) equal adapters carrying E. So ``E`` is carried only if
+    E <= C(j(E)), with C(n) = ``limit_of(n)`` non-increasing in n (more equal adapters cost more
+    per step): for grid points g_i <= j(E) < g_(i+1), C(j(E)) <= C(g_i). Both assumptions
+    (concentration helps, C non-increasing) are empirical; ``tests/test_bounds_twin.py`` checks
+    them on sampled GPUs. The result is max over i of min(C(g_i), g_(i+1) x l); only the grid
+    points around the crossing of C(g) and g x l are measured (C <= ``one`` everywhere).
+    ``ceiling``: no GPU carries more (the instance's whole load), which spares measurements
+    beyond it. Returns (cap, measured points)."""
+    l = float(max_adapter_tps)
+    one = min(one, ceiling)
+    if l <= 0:
+        return one, []
+    g = list(grid)
+    # first index whose next grid point x l exceeds `one`: no crossing can lie after it
+    top = next((i for i in range(len(g) - 1) if g[i + 1] * l > one), len(g) - 1)
+    if top == 0:
+        return one, [(1, one)]
+    measured: dict[int, float] = {1: one}
+
+    def C(i: int) -> float:
+        if g[i] not in measured:
+            measured[g[i]] = min(limit_of(g[i]), one)       # one <= ceiling
+        return measured[g[i]]
+
+    i = top                                     # crossing: smallest i with C(g_i) < g_(i+1) l
+    while i > 0 and C(i - 1) < g[i] * l:
+        i -= 1
+    nxt = g[i + 1] * l if i + 1 < len(g) else np.inf
+    cap = min(C(i), nxt)
+    if i > 0:
+        cap = max(cap, g[i] * l)                # the interval before the crossing
+    return float(cap), sorted(measured.items())
+
+
+def twin_lower_bound(inst: Instance, duration_s: float | None = None,
+                     workers: int | None = None) -> TwinBound:
+    """Twin-sound lower bounds on the GPUs of any placement of ``inst`` that verification (window
+    ``duration_s``, default the instance's; GPU ``g`` drawing seed ``inst.seed + g``) accepts.
+
+    Every GPU serving adapters runs with LoRA on and ``max_lora_rank`` at least the instance's
+    smallest adapter rank ``r``. ``capacity.carry_limit`` measures, with that window and the
+    seeds of the first ``BOUND_SEEDS`` GPUs, the largest expected load a GPU carries unstarved
+    in its least-work configuration (one adapter of rank ``r``, Amax 1 or 2), plus a margin of
+    ``SPREAD_SIGMAS`` standard deviations of the per-seed limits: no accepted GPU carries more,
+    so any placement needs ``one_adapter`` = ceil(load / that) GPUs. A GPU that must hold many
+    adapters carries less (``count_cap``): ``by_count``. A twin-accepted placement with ``best``
+    GPUs is optimal in the twin."""
+    dur = float(duration_s if duration_s is not None else inst.duration_s)
+    seeds = _bound_seeds(inst)
+    thr = inst.starvation_threshold
+    total = inst.total_load_tps
+    lmax = max(inst.load_tps(a) for a in inst.adapters)
+    best_one, best_count, points = 0.0, 0.0, []
+    for t in inst.gpu_types:
+        r = _type_rank(inst, t)
+        if r is None:
+            continue
+        prof = t.load_profile()
+
+        def limit_of(n: int, prof=prof, r=r) -> float:
+            return carry_limit(prof, r, n, inst.lengths, dur, seeds, thr, workers).limit_tps
+
+        one = limit_of(1)
+        cap, pts = count_cap(limit_of, one, lmax, ceiling=total)
+        if cap > best_count:
+            best_count, points = cap, pts
+        best_one = max(best_one, one)
+    if best_one <= 0:
+        raise ValueError(f"{inst.name}: no GPU type starts a LoRA configuration of rank >= "
+                         f"{_smallest_rank(inst)}")
+    return TwinBound(inst.name, dur, total, lmax, best_one, best_count,
+                     _count_bound(total, best_one), _count_bound(total, best_count),
+                     tuple((int(n), float(v)) for n, v in points))
+
+
+def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
+                         workers: int | None = None) -> int:
+    """The best twin-sound lower bound on the GPU count (``twin_lower_bound(...).best``)."""
+    return twin_lower_bound(inst, duration_s, workers).best
+
+
+def twin_certificate(inst: Instance, placement, duration_s: float | None = None
+                     ) -> tuple[bool, int]:
+    """(certified, bound): ``certified`` when ``placement`` is twin-accepted and its GPU count
+    equals the twin-sound lower bound for its verification window (then no twin-accepted
+    placement uses fewer GPUs). ``duration_s`` defaults to the window the placement was
+    verified with, else the instance's."""
+    dur = duration_s if duration_s is not None else (placement.verify_duration_s
+                                                    or inst.duration_s)
+    lb = lora_gpu_lower_bound(inst, dur)
+    ok = placement.verdict == "accepted" and bool(placement.gpus) and placement.n_gpus == lb
+    return ok, lb
+
+
+TWIN_OPTIMAL = "optimal in the twin"
+
+
+def placement_claim(inst: Instance, placement, duration_s: float | None = None) -> str | None:
+    """The optimality claim ``placement`` supports in the twin: ``TWIN_OPTIMAL`` when its GPU
+    count equals a twin-sound lower bound (``twin_certificate``), else None."""
+    return TWIN_OPTIMAL if twin_certificate(inst, placement, duration_s)[0] else None
 
 
 def precheck(inst: Instance, allow_split: bool = False) -> FeasibilityReport:

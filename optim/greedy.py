@@ -40,15 +40,16 @@ same ground (the optimality-gap study does; DESIGN.md section 5).
 
 Repair. With verification on, every GPU is replayed in the fleet twin. When the twin rejects a
 GPU, the adapters are first spread load-balanced over the same GPUs (kept when the surrogate and
-the twin accept every GPU: next-fit leaves the last GPU light). Otherwise a GPU the twin rejects
-loses the adapters at the end of its list (bisection on the prefix length, each candidate checked
+the twin accept every GPU: next-fit leaves the last GPU light). Otherwise a rejected GPU gets the
+Amax of highest twin throughput among every integer 1..adapters + 1 (``optim.amax_search``) when
+the twin accepts it there; failing that it loses the adapters at the end of its list (bisection on the prefix length, each candidate checked
 by the twin), and the removed adapters are placed by the same greedy fill on new GPUs, whose
 twin verdicts are checked in turn, until the twin accepts every GPU. Each change is recorded in
 ``Placement.repairs``.
 
 Compaction. Once the twin accepts, ``optim.compaction`` tries fewer GPUs, load-balanced, with each
-GPU's Amax chosen by the twin from a dense set (the surrogates only know their Amax grid), down to
-the twin lower bound (option ``compact``, default on).
+GPU's Amax searched by the twin over every integer (the surrogates only know their Amax grid),
+down to the twin lower bound (option ``compact``, default on).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ import numpy as np
 
 from twin.workload import Adapter
 
+from .balance import balanced_members
 from .instance import GpuType, Instance
 from .methods import MethodOptions, register_method
 from .objectives import Objective
@@ -251,19 +253,6 @@ def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] 
     return ads, models, phi
 
 
-def balanced_members(inst: Instance, adapters: Sequence[Adapter], k: int) -> list[list[int]]:
-    """Indices of ``adapters`` per GPU for ``k`` GPUs: largest offered load first onto the
-    least-loaded GPU (ties: lowest index)."""
-    loads = np.array([inst.load_tps(a) for a in adapters])
-    members: list[list[int]] = [[] for _ in range(k)]
-    gload = np.zeros(k)
-    for i in np.argsort(-loads, kind="stable"):
-        g = int(np.argmin(gload))
-        members[g].append(int(i))
-        gload[g] += loads[i]
-    return members
-
-
 def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, object],
             phi_all: np.ndarray, amaxes: np.ndarray,
             slots: Sequence[GpuType] | None = None) -> list[GpuPlan] | None:
@@ -350,17 +339,12 @@ def _twin_ok(inst: Instance, plan: GpuPlan, duration_s: float, seed: int) -> tup
     return not (m.starved or m.memory_error), m
 
 
-def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int,
-                    amaxes: np.ndarray) -> GpuPlan | None:
-    """The plan with the first Amax (predicted best first, then the rest) the twin accepts."""
-    tried = [plan.max_loras] + [int(a) for a in amaxes if int(a) != plan.max_loras]
-    for a in tried:
-        cand = GpuPlan(plan.gpu_type, plan.profile, a, plan.max_lora_rank, plan.adapters,
-                       plan.offered_tps, plan.predicted)
-        ok, m = _twin_ok(inst, cand, duration_s, seed)
-        if ok:
-            return replace(cand, verified=GpuMetrics.from_run(m))
-    return None
+def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int
+                    ) -> GpuPlan | None:
+    """The plan at the Amax of highest twin throughput among every integer 1..adapters + 1
+    (``amax_search.twin_best_amax``) when the twin accepts it there, else None."""
+    from .amax_search import twin_best_amax
+    return twin_best_amax(inst, plan, seed, duration_s)[0]
 
 
 def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[GpuPlan], bool]:
@@ -420,7 +404,7 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
             if plan.verified is not None and plan.verified.ok:
                 kept.append(plan)
                 continue
-            fixed = _best_twin_amax(inst, plan, duration_s, inst.seed + g, amaxes)
+            fixed = _best_twin_amax(inst, plan, duration_s, inst.seed + g)
             if fixed is not None:
                 changes.append(f"gpu {g}: Amax {plan.max_loras} -> {fixed.max_loras} "
                                "(twin rejected the predicted Amax)")
@@ -432,7 +416,7 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
                 mid = (lo + hi) // 2
                 sub = plan_gpu(plan.gpu_type, plan.profile, plan.max_loras,
                                plan.adapters[:mid], inst.mean_tokens, plan.max_lora_rank)
-                cand = _best_twin_amax(inst, sub, duration_s, inst.seed + g, amaxes)
+                cand = _best_twin_amax(inst, sub, duration_s, inst.seed + g)
                 if cand is not None:
                     lo, best = mid, cand
                 else:

@@ -1,82 +1,139 @@
-"""The twin lower bound on GPU counts (``optim.feasibility.lora_gpu_lower_bound``) and the
-gpu_savings figures built on it."""
+"""Twin-sound lower bounds on GPU counts (``optim.feasibility.twin_lower_bound``), the carry
+limits behind them (``optim.capacity.carry_limit``), the certificate, and the gpu_savings
+figures built on them. Windows are short (300 s) and every bound is computed for the window the
+twin verifies with, as the bound requires."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.gpu_savings import above_bound, reduction, reduction_ceiling
-from optim.capacity import lora_max_throughput, lora_peak_throughput
-from optim.feasibility import gpu_lower_bound, lora_gpu_lower_bound
+from experiments.gpu_savings import above_bound, certified, reduction, reduction_ceiling, total_gpus
+from optim.capacity import BOUND_SEEDS, carry_limit
+from optim.feasibility import (TWIN_OPTIMAL, count_cap, gpu_lower_bound, lora_gpu_lower_bound,
+                               placement_claim, twin_certificate, twin_lower_bound)
 from optim.instance import instance_from_dict
 from optim.methods import solve
+from twin.fleet import GpuAssignment, simulate_fleet
 from twin.lengths import default_lengths
-from twin.profile import load_profile
-from twin.server import ServerConfig, simulate_requests
-from twin.workload import Adapter, generate_requests
+from twin.server import ServerConfig
+from twin.workload import Adapter
 
 LLAMA = "llama-3.1-8b-instruct"
+DUR = 300.0
+SEEDS = tuple(range(BOUND_SEEDS))
 
 
-@pytest.mark.parametrize("n,amax,rank", [(4, 4, 8), (16, 8, 8), (8, 8, 16), (24, 24, 32)])
-def test_peak_bounds_multi_adapter_servers(n, amax, rank):
-    """More adapters, slots or rank only cost throughput: a saturated multi-adapter server
-    stays below the one-adapter peak of the smallest rank, at every load tried."""
-    lengths = default_lengths()
-    peak = lora_peak_throughput(LLAMA, 8, lengths)
-    prof = load_profile(LLAMA)
-    per = lengths.mean_input + lengths.mean_output
-    for load in (0.8 * peak, 1.0 * peak, 1.5 * peak):
-        ads = [Adapter(f"a{i}", rank, load / per / n) for i in range(n)]
-        reqs = generate_requests(ads, 300.0, lengths, seed=3)
-        m = simulate_requests(prof, ads, reqs, ServerConfig(max_loras=amax, max_lora_rank=rank),
-                              300.0)
-        assert m.throughput_tps <= peak
+def _limit(n: int = 1):
+    return carry_limit(LLAMA, 8, n, default_lengths(), DUR, SEEDS, 0.9)
 
 
-def test_peak_is_at_least_the_saturated_throughput_and_monotone_in_rank():
-    lengths = default_lengths()
-    p8 = lora_peak_throughput(LLAMA, 8, lengths)
-    assert p8 >= lora_max_throughput(LLAMA, 8, lengths, n_adapters=1)
-    assert lora_peak_throughput(LLAMA, 9, lengths) == lora_peak_throughput(LLAMA, 16, lengths)
-    assert lora_peak_throughput(LLAMA, 64, lengths) == 0.0          # no such rank starts
+def _verdicts(gpus: list[tuple[int, list[Adapter]]], seeds: list[int]) -> list[bool]:
+    """Unstarved (and started) per (Amax, adapters) GPU, replayed with the given seeds."""
+    jobs = [GpuAssignment(LLAMA, ServerConfig(max_loras=a, max_lora_rank=max(x.rank for x in ads)),
+                          tuple((x, 1.0) for x in ads)) for a, ads in gpus]
+    res = simulate_fleet(jobs, duration_s=DUR, lengths=default_lengths(), workers=2,
+                         check_routing=False, seeds=seeds)
+    return [not (m.starved or m.memory_error) for m in res.per_gpu]
 
 
-def _inst(adapters, count=8):
+def test_carry_limit_is_measured_per_seed_with_a_spread_margin():
+    c = _limit()
+    assert c.seeds == SEEDS and len(c.per_seed_tps) == len(SEEDS) and c.amax in (1, 2)
+    assert c.spread_tps > 0
+    assert c.limit_tps >= max(c.per_seed_tps)
+    assert c.limit_tps == pytest.approx(max(max(c.per_seed_tps),
+                                            np.mean(c.per_seed_tps) + 4 * c.spread_tps))
+    assert carry_limit(LLAMA, 8, 1, default_lengths(), DUR, SEEDS, 0.9) is c     # cached
+    with pytest.raises(ValueError, match="no configuration with rank 64"):
+        carry_limit(LLAMA, 64, 1, default_lengths(), DUR, SEEDS, 0.9)
+
+
+def test_no_one_adapter_server_is_unstarved_above_the_limit():
+    """The counterexample of the old bound was one adapter on Amax 2 just above the cap; every
+    one-adapter configuration (Amax 1, 2, 3, 8), every verification seed and more, offered the
+    limit, starves."""
+    lim = _limit().limit_tps
+    per = default_lengths().mean_input + default_lengths().mean_output
+    gpus, seeds = [], []
+    for amax in (1, 2, 3, 8):
+        for s in range(12):
+            gpus.append((amax, [Adapter("hot", 8, lim * 1.0005 / per)]))
+            seeds.append(s)
+    assert not any(_verdicts(gpus, seeds))
+
+
+def test_count_cap_matches_a_direct_search():
+    """count_cap against the definition: the largest E with E <= C(g) for the largest grid
+    point g <= max(1, ceil(E / l) - 1), scanned on a fine grid of E."""
+    grid = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    for decay in (0.0, 0.002, 0.01, 0.05):
+        def C(n, decay=decay):
+            return 1000.0 / (1 + decay * (n - 1))
+        for l in (5.0, 17.0, 40.0, 90.0, 300.0, 2000.0):
+            cap, pts = count_cap(C, C(1), l, grid)
+            Es = np.linspace(1, 1000, 20000)
+            ok = []
+            for E in Es:
+                j = max(1, math.ceil(E / l - 1e-12) - 1)
+                g = max(x for x in grid if x <= j)
+                ok.append(E <= C(g) + 1e-9)
+            direct = Es[np.array(ok)].max()
+            assert cap == pytest.approx(direct, abs=0.1)
+            assert all(v == pytest.approx(C(n)) for n, v in pts)
+            assert len(pts) <= 4                          # only around the crossing
+
+
+def _inst(adapters, count=8, duration=DUR):
     return instance_from_dict({
         "name": "lb", "adapters": [{"id": f"a{i}", "rank": r, "rate": q}
                                    for i, (r, q) in enumerate(adapters)],
         "gpus": [{"name": "h100", "profile": LLAMA, "count": count}],
-        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": 600.0})
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": duration})
 
 
-def test_lower_bound_formula_and_it_is_tighter_than_the_backbone_bound():
-    inst = _inst([(8, 2.4)] * 40)
-    peak = lora_peak_throughput(LLAMA, 8, inst.lengths)
-    lb = lora_gpu_lower_bound(inst)
-    assert lb == math.ceil(0.9 * inst.total_load_tps / peak)
-    assert lb >= gpu_lower_bound(inst) and lb > gpu_lower_bound(inst)   # 40 x 1006 tok/s
+def test_bound_fields_and_formula():
+    inst = _inst([((8, 16, 32)[i % 3], (2.4, 1.2, 0.6)[i % 3]) for i in range(60)])
+    b = twin_lower_bound(inst)
+    assert b.duration_s == DUR and b.max_adapter_tps == pytest.approx(2.4 * inst.mean_tokens)
+    assert b.gpu_cap_tps == pytest.approx(_limit().limit_tps)
+    assert b.one_adapter == math.ceil(inst.total_load_tps / b.gpu_cap_tps)
+    assert b.count_cap_tps <= b.gpu_cap_tps and b.by_count >= b.one_adapter
+    assert b.best == max(b.one_adapter, b.by_count) == lora_gpu_lower_bound(inst)
+    assert b.best >= gpu_lower_bound(inst)
+    # the bound is for the window verification uses: another window, another measurement
+    assert twin_lower_bound(inst, 600.0).gpu_cap_tps != b.gpu_cap_tps
 
 
-def test_no_accepted_placement_uses_fewer_gpus_than_the_bound():
+def test_no_accepted_placement_uses_fewer_gpus_than_the_bound_and_the_certificate():
     inst = _inst([((8, 16, 32)[i % 3], (2.4, 1.2, 0.6)[i % 3]) for i in range(36)])
     lb = lora_gpu_lower_bound(inst)
     for method in ("greedy", "maxbase"):
-        p = solve(inst, method, verify=True, duration_s=600.0)
+        p = solve(inst, method, verify=True, duration_s=DUR)
+        ok, bound = twin_certificate(inst, p)
+        assert bound == lb
         if p.verdict == "accepted":
             assert p.n_gpus >= lb
+            assert ok == (p.n_gpus == lb)
+            assert placement_claim(inst, p) == (TWIN_OPTIMAL if ok else None)
+        else:
+            assert not ok and placement_claim(inst, p) is None
 
 
 def _rows():
-    # instance x: maxbase 4 (lb 1), greedy 1; instance y: maxbase 2 (lb 2), greedy 2
+    # instance x: maxbase 4 (lb 1), greedy 1; instance y: maxbase 2 (lb 2), greedy 3
     return pd.DataFrame([
-        {"instance": "x", "lb": 1, "method": "maxbase", "gpus": 4, "failed": False},
-        {"instance": "x", "lb": 1, "method": "greedy", "gpus": 1, "failed": False},
-        {"instance": "y", "lb": 2, "method": "maxbase", "gpus": 2, "failed": True},
-        {"instance": "y", "lb": 2, "method": "greedy", "gpus": 3, "failed": False},
+        {"instance": "x", "lb": 1, "method": "maxbase", "gpus": 4, "proposed_gpus": 4,
+         "failed": False},
+        {"instance": "x", "lb": 1, "method": "greedy", "gpus": 1, "proposed_gpus": 1,
+         "failed": False},
+        {"instance": "y", "lb": 2, "method": "maxbase", "gpus": 2, "proposed_gpus": 1,
+         "failed": True},
+        {"instance": "y", "lb": 2, "method": "greedy", "gpus": 3, "proposed_gpus": 3,
+         "failed": False},
     ])
 
 
@@ -89,3 +146,7 @@ def test_savings_figures():
     assert reduction_ceiling(df) == pytest.approx((0.75 + 0.0) / 2 * 100)
     assert above_bound(df) == 0 + 1
     assert reduction_ceiling(df[df["method"] == "greedy"]) is None
+    assert total_gpus(df, "maxbase") == (6, 0)            # scaled out: 4 + 2
+    assert total_gpus(df, "maxbase", strict=True) == (4, 1)   # y starves on its own
+    assert total_gpus(df, "greedy") == (4, 0) and total_gpus(df, "nope") == (None, 0)
+    assert certified(df) == 1 and certified(df, "maxbase") == 0

@@ -1,0 +1,92 @@
+"""Twin search of a GPU's Amax (``max_loras``) over every integer 1..hi.
+
+The surrogates know Amax only on their training grid (8, 16, 32, 64, ...), yet the twin's
+acceptance window can lie between grid points: 64 low-rank adapters of mixed rates on one Llama
+GPU are accepted at Amax 23-26 only (throughput rises with Amax while fewer requests wait for a
+slot, then falls as every step pays for idle slots). Replaying every integer costs ``hi`` twin
+runs per GPU, so the search (``optim.integer_search.search_max``) exploits that shape:
+
+1. **coarse scan** — ``COARSE_PROBES`` log-spaced integers over [1, hi], both ends included
+   (every integer when hi is that small);
+2. **bracket refinement** — let ``c`` be the best point evaluated so far and ``l < c < r`` its
+   nearest evaluated neighbours; the midpoints of (l, c) and (c, r) are evaluated (in parallel),
+   and this repeats until ``c``'s neighbours are ``c - 1`` and ``c + 1`` (or the ends). The result
+   is an integer local maximum inside the coarse bracket of the best probe; with a unimodal
+   throughput-vs-Amax curve it is the global maximum.
+
+Tests compare the search with brute force over every integer on small instances.
+
+The score of an Amax is the GPU's twin throughput over ``threshold x`` its realised offered
+load (the workload is the same for every Amax, drawn with the seed verification uses for that
+GPU), so a score >= 1 means unstarved; a memory error scores ``-inf``. ``hi`` defaults to
+min(adapters + 1, largest Amax the rank starts with): one more slot than adapters can pay off
+(the batch then never holds ``max_loras`` adapters, so the scheduler never scans the waiting
+queue for a slot's adapter; one adapter on two slots beats one slot).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from twin.fleet import simulate_fleet
+
+from .capacity import max_startable_amax
+from .integer_search import COARSE_PROBES, coarse_probes, search_max
+from .instance import Instance
+from .placement import GpuMetrics, GpuPlan
+
+
+def amax_upper(plan: GpuPlan) -> int:
+    """Largest Amax worth trying on ``plan``: min(adapters + 1, largest startable Amax)."""
+    return min(plan.n_adapters + 1, max_startable_amax(plan.profile, plan.max_lora_rank))
+
+
+def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int], seed: int,
+                duration_s: float, workers: int | None = None) -> list[tuple[float, object]]:
+    """(score, twin metrics) of ``plan`` at each Amax, all replaying the workload of ``seed``."""
+    cands = [GpuPlan(plan.gpu_type, plan.profile, int(a), plan.max_lora_rank, plan.adapters,
+                     plan.offered_tps, plan.predicted) for a in amaxes]
+    jobs = [c.twin_assignment(inst.starvation_threshold) for c in cands]
+    res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
+                         check_routing=False, seeds=[seed] * len(jobs))
+    out = []
+    for m in res.per_gpu:
+        if m.memory_error or m.offered_realised_tps <= 0:
+            s = -np.inf if m.memory_error else (np.inf if not m.starved else -np.inf)
+        else:
+            s = m.throughput_tps / (inst.starvation_threshold * m.offered_realised_tps)
+            if m.starved:                   # the twin's verdict rules at the boundary
+                s = min(s, np.nextafter(1.0, 0.0))
+            elif s < 1.0:
+                s = 1.0
+        out.append((float(s), m))
+    return out
+
+
+def twin_best_amax(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
+                   workers: int | None = None, k: int = COARSE_PROBES,
+                   hi: int | None = None) -> tuple[GpuPlan | None, int]:
+    """``plan`` at the Amax of highest twin score (module docstring), with its twin metrics as
+    ``verified``, when the twin accepts it there; else None. Also returns the twin runs used."""
+    top = amax_upper(plan) if hi is None else int(hi)
+    if top < 1:
+        return None, 0
+    metrics: dict[int, object] = {}
+
+    def score(xs: list[int]) -> list[float]:
+        res = twin_scores(inst, plan, xs, seed, duration_s, workers)
+        metrics.update(zip(xs, (m for _, m in res)))
+        return [s for s, _ in res]
+
+    best, s, seen = search_max(score, top, k)
+    if s < 1.0:
+        return None, len(seen)
+    m = metrics[best]
+    return GpuPlan(plan.gpu_type, plan.profile, best, plan.max_lora_rank, plan.adapters,
+                   plan.offered_tps, plan.predicted, GpuMetrics.from_run(m)), len(seen)
+
+
+__all__ = ["COARSE_PROBES", "coarse_probes", "search_max", "amax_upper", "twin_scores",
+           "twin_best_amax"]
