@@ -1,17 +1,24 @@
 """Twin in the loop: solve exactly, replay the placement in the fleet twin, cut, re-solve.
 
-``solve_exact(inst, objective, solver=...)``:
+``solve_exact(inst, objective, solver=...)`` runs under one wall-clock deadline (the time
+limit covers bounds, starts, model building, search and replays):
 
 1. builds the ``PackingProblem`` (``capacity.build_problem``) and checks that every adapter
    fits some configuration (else: ``infeasible`` with the adapters named);
-2. takes a warm start from the best available heuristic (``greedy`` when registered, else
-   ``maxbase``) when it satisfies the model (optional: ``warm_start=False``);
-3. solves (MILP or CP-SAT) within the time limit;
-4. with ``verify``, replays every GPU in the fleet twin (``optim.verify``, window
-   ``duration_s``, default the instance's); for every GPU that starves or fails memory it cuts
-   and re-solves — until the twin accepts, the iteration limit
-   (``instance.solver.max_repair_iterations``, default 30) or the time limit is reached. Every
-   iteration is reported in ``params``. Cuts (``cut_mode``):
+2. bounds (L1, count, Martello–Toth L2; the assignment LP where the model is small enough):
+   the best one becomes a model row (``PackingProblem.gpu_lower_bound``);
+3. starts that the model admits: first/best-fit decreasing on the mode's own capacities
+   (``first_fit``), and — outside the constant-capacity mode — the best available heuristic
+   (``greedy``, else ``maxbase``), run as ``optim solve --verify`` runs it, or a placement the
+   caller hands in (``given``). A twin-accepted heuristic placement is the *incumbent*;
+4. solves (``_model_solve``: arc-flow with its LP bound and dive where GPUs are limited by load
+   alone, else the assignment model over the pool cut to what can beat the best start); at the
+   deadline the best start is returned with the bound;
+5. with ``verify``, replays the placement in the fleet twin (window ``duration_s``); for every
+   GPU that starves or fails memory it cuts and re-solves — until the twin accepts, the model
+   can no longer beat the incumbent, the iteration limit
+   (``instance.solver.max_repair_iterations``, default 30) or the deadline (replays that would
+   pass it are not started). Every iteration is reported in ``params``. Cuts (``cut_mode``):
 
    * ``"capacity"`` (default): the rejected adapter set is also replayed under every other
      (rank, Amax) configuration the model admits it with, and each configuration the twin
@@ -22,10 +29,14 @@
    * ``"exact"`` / ``"superset"``: a ``Cut`` forbidding that adapter set (or any superset of it)
      on any GPU of that type with that (rank, Amax).
 
-The returned ``Placement`` has status ``optimal`` (proven optimal for the model with the cuts
-added so far), ``solved`` (feasible, with ``best_bound``), ``infeasible`` or ``failed``; its
-``params`` hold the solver status, objective, bound, gap, solve time, iterations, cuts, the
-bounds and where the capacity model came from.
+A final answer is never a placement the twin rejected when a twin-accepted one is known: the
+incumbent is returned whenever the model's placement is rejected, not replayed, or not better.
+``params["claim"]`` says what is proven: ``optimal in the twin`` (the count meets the twin-sound
+lower bound, ``feasibility.twin_certificate``), ``optimal for the surrogate (...)`` (the model
+proved its optimum and the twin accepts a placement with that count), ``optimal for the constant
+capacities``, or None. Status ``optimal`` goes with a claim, ``solved`` with a bound and gap —
+for a verified surrogate-mode answer the twin-sound bound (the surrogate's bound is kept as
+``surrogate_best_bound``: it does not bound twin-accepted placements).
 """
 
 from __future__ import annotations
@@ -462,14 +473,28 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     if model_optimal:
         claim = ("optimal for the constant capacities" if constant
                  else "optimal for the surrogate (as corrected by the twin's cuts)")
+    if verify and not constant and P.objective == "gpus" and placement.verdict == "accepted":
+        from ..feasibility import TWIN_OPTIMAL, twin_certificate
+        certified, lb = twin_certificate(inst, placement, duration_s)
+        params["lower_bound"] = lb          # twin-sound (printed as twin_lower_bound)
+        if certified:
+            claim = TWIN_OPTIMAL
+        # the surrogate's bound says nothing about twin-accepted placements (the surrogate can be
+        # conservative); the bound and gap of a verified answer are the twin-sound ones
+        params["surrogate_best_bound"] = best_bound
+        best_bound = float(lb)
+        params["best_bound"] = best_bound
+        params["gap"] = _gap(float(placement.n_gpus), best_bound)
     if any(s.startswith("provisional") for s in sources):
         notes.append("capacity model: provisional twin-measured table (no trained "
                      "surrogates/trained/<profile>/capacity.json yet)")
     params["claim"] = claim
     params["wall_s"] = time.perf_counter() - t_start
     status = placement.status
-    if status == "optimal" and not model_optimal:
+    if status == "optimal" and claim is None:
         status = "solved"
+    if claim is not None and placement.gpus and status == "solved":
+        status = "optimal"
     return placement.with_(params={**placement.params, **params}, notes=tuple(notes),
                            objective=obj.name, status=status, best_bound=best_bound)
 
