@@ -1,6 +1,7 @@
 """Twin-sound lower bounds on GPU counts, per paper instance, and the measured limits behind them.
 
 ``python -m experiments.twin_bounds [--quick] [--duration S] [--instances DIR] [--csv OUT]``
+``python -m experiments.twin_bounds --adversarial N [--duration S] [--seed K]``
 
 For every instance (``--quick``: the subset ``experiments.gpu_savings --quick`` runs, with its
 600 s window) prints ``optim.feasibility.twin_lower_bound``: the one-adapter bound, the
@@ -8,6 +9,14 @@ adapter-count-aware bound, the per-GPU caps, and the carry limits measured for t
 (``optim.capacity.carry_limit``: per-seed limits, their spread and the margin taken). The
 measurements are cached on disk, so running this first makes ``experiments.gpu_savings``
 start with warm bounds. Ends with ``points=<n> by_count_tighter=<k>``.
+
+``--adversarial N`` instead samples N GPUs per profile (seeded by ``--seed``) built to beat the
+one-adapter limit of the window ``--duration`` (default 3600 s): one hot rank-8 adapter with 0-3
+colder ones of any rank, Amax 1-4, workload seeds 0-99 (beyond the 8 the limit is measured
+with), offered 0.98-1.02 x the limit. Every GPU offered more than the limit must starve; it
+prints, per profile, the limit and ``unstarved_above_limit=<k> largest_unstarved_ratio=<r>``
+(largest offered / limit among unstarved GPUs), and ends with
+``adversarial_unstarved_above_limit=<k>``.
 """
 
 from __future__ import annotations
@@ -20,11 +29,55 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from optim.capacity import carry_limit
+import numpy as np
+
+from optim.capacity import BOUND_SEEDS, carry_limit
+from twin.lengths import default_lengths
+from twin.fleet import GpuAssignment, simulate_fleet
+from twin.server import ServerConfig
+from twin.workload import Adapter
 from optim.feasibility import _type_rank, twin_lower_bound
 from optim.instance import load_instance
 
 from .gpu_savings import PAPER_DIR, select_instances
+
+
+PROFILES = ("llama-3.1-8b-instruct", "qwen-2.5-7b-instruct")
+
+
+def adversarial(n: int, duration_s: float, seed: int, workers: int | None) -> int:
+    """The ``--adversarial`` check (module docstring); returns the GPUs unstarved above."""
+    lengths = default_lengths()
+    per = lengths.mean_input + lengths.mean_output
+    rng = np.random.default_rng(seed)
+    bad_total = 0
+    for prof in PROFILES:
+        lim = carry_limit(prof, 8, 1, lengths, duration_s, tuple(range(BOUND_SEEDS)), 0.9,
+                          workers)
+        jobs, loads, seeds = [], [], []
+        for _ in range(n):
+            load = lim.limit_tps * rng.uniform(0.98, 1.02)
+            cold = int(rng.integers(0, 4))
+            hot = 1.0 if cold == 0 else rng.uniform(0.7, 1.0)
+            ads = [Adapter("hot", 8, hot * load / per)]
+            rank = int(rng.choice([8, 16, 32]))
+            ads += [Adapter(f"c{i}", rank, (1 - hot) * load / per / cold) for i in range(cold)]
+            cfg = ServerConfig(max_loras=int(rng.integers(1, 5)))
+            jobs.append(GpuAssignment(prof, cfg, tuple((a, 1.0) for a in ads)))
+            loads.append(load)
+            seeds.append(int(rng.integers(0, 100)))
+        res = simulate_fleet(jobs, duration_s=duration_s, lengths=lengths, workers=workers,
+                             check_routing=False, seeds=seeds)
+        ratios = [L / lim.limit_tps for L, m in zip(loads, res.per_gpu)
+                  if not (m.starved or m.memory_error)]
+        bad = sum(1 for r in ratios if r > 1.0)
+        bad_total += bad
+        print(f"{prof} window={duration_s:.0f}s limit={lim.limit_tps:.0f} tok/s "
+              f"(per-seed {min(lim.per_seed_tps):.0f}-{max(lim.per_seed_tps):.0f}, "
+              f"sd {lim.spread_tps:.1f}, Amax {lim.amax}) sampled={n} unstarved={len(ratios)} "
+              f"unstarved_above_limit={bad} "
+              f"largest_unstarved_ratio={max(ratios) if ratios else float('nan'):.4f}")
+    return bad_total
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,10 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--instances", default=str(PAPER_DIR))
     ap.add_argument("--csv", default=None, help="write the per-instance table as CSV")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--adversarial", type=int, default=None, metavar="N",
+                    help="sample N adversarial GPUs per profile instead (module docstring)")
+    ap.add_argument("--seed", type=int, default=0, help="--adversarial: sampling seed")
     a = ap.parse_args(argv)
     if a.duration is not None and not a.duration > 0:
         print(f"error: --duration must be > 0, got {a.duration}", file=sys.stderr)
         return 2
+    if a.adversarial is not None:
+        if a.adversarial < 1:
+            print(f"error: --adversarial must be >= 1, got {a.adversarial}", file=sys.stderr)
+            return 2
+        bad = adversarial(a.adversarial, a.duration or 3600.0, a.seed, a.workers)
+        print(f"adversarial_unstarved_above_limit={bad}")
+        return 0
     paths = select_instances(sorted(Path(a.instances).glob("paper-*.json")), a.quick)
     if not paths:
         print(f"error: no paper instances under {a.instances}", file=sys.stderr)

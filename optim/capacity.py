@@ -139,8 +139,10 @@ class CarryLimit:
     configuration (``amax``; for one adapter the better of Amax 1 and 2 per seed), found by
     bisection on the load (resolution ``LIMIT_RTOL``); ``limit_tps`` = max(largest measured,
     mean + ``SPREAD_SIGMAS`` x ``spread_tps``), ``spread_tps`` being the sample standard
-    deviation over the seeds (the run-to-run spread of a saturated GPU: realised load and
-    completions in the window vary with the draw)."""
+    deviation of the per-seed limits (the run-to-run spread of a saturated GPU: realised load
+    and completions in the window vary with the draw; one adapter: the larger deviation of
+    Amax 1 and 2; several adapters: at least the one-adapter deviation relative to its limit).
+    A normal draw exceeds mean + 4 sd with probability 3e-5."""
 
     profile: str
     rank: int

@@ -1,8 +1,8 @@
 """Adversarial GPUs against the twin-sound bounds: no sampled GPU is unstarved while offered
 more than the per-GPU cap the bounds use (``optim.feasibility``), and the assumptions behind the
 adapter-count-aware cap hold where they are measured. Windows are 300 s, with bounds measured
-for 300 s; ``python -m experiments.twin_bounds --adversarial`` runs the same checks with
-3600 s and 7200 s windows."""
+for 300 s; ``python -m experiments.twin_bounds --adversarial N --duration 7200`` runs the
+hot-adapter check with long windows."""
 
 from __future__ import annotations
 
