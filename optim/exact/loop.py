@@ -449,12 +449,14 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         inc_value = incumbent.n_gpus if P.objective == "gpus" else obj.value(incumbent)
         if placement.verdict == "rejected":
             why = "the twin rejects the model's placement"
-        elif placement.verdict == "accepted":
+        elif placement.verdict == "accepted" or r.objective is None:
             why = f"the model's placement has objective {obj.value(placement):g}"
         else:
-            why = "the model's placement was not replayed"
-        notes.append(f"{why}; returning the twin-accepted {incumbent.method} placement "
-                     f"(objective {inc_value:g}) it started from")
+            why = (f"the model's best placement (objective {r.objective:g}) does not beat it"
+                   if r.objective >= inc_value - 1e-9
+                   else "the model's placement could not be replayed within the time limit")
+        notes.append(f"returning the twin-accepted {incumbent.method} placement (objective "
+                     f"{inc_value:g}) the search started from: {why}")
         if model_optimal and r.objective is not None and r.objective > inc_value + 1e-9:
             notes.append(f"the capacity model's proven optimum ({r.objective:g}) is above a "
                          "twin-accepted placement: the model is conservative here")
