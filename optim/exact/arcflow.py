@@ -41,6 +41,7 @@ from .problem import PackingProblem
 
 MAX_NODES = 20_000          # per kind, after dividing by the common divisor
 MAX_ARCS = 400_000          # over all kinds
+MAX_CAP_RAISES = 3          # LP dive: GPU-total raises before the cap is dropped
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,7 @@ class _ArcFlowLp:
         self.h.run()
         self.solves += 1
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            self.h.clearSolver()      # a warm start from an infeasible basis is slow
             return None
         return np.array(self.h.getSolution().col_value)
 
@@ -369,9 +371,15 @@ def lp_dive(P: PackingProblem, G: ArcFlowGraph, deadline: float,
         if not any(demand):
             break
         x = lp.solve(deadline)
-        while x is None and cap is not None and time.perf_counter() < deadline:
+        raised = 0
+        while x is None and cap is not None and raised < MAX_CAP_RAISES:
             cap += 1                          # the capped LP is infeasible: allow one more
+            raised += 1
             lp.h.changeRowBounds(lp.total_row, 0.0, float(cap - len(used)))
+            x = lp.solve(deadline)
+        if x is None and cap is not None:     # give the cap up (the dive still ends integral)
+            cap = None
+            lp.h.changeRowBounds(lp.total_row, 0.0, float("inf"))
             x = lp.solve(deadline)
     if any(demand):
         return LpDive(lp_value, None, lp.solves, time.perf_counter() - t0)
