@@ -331,8 +331,15 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         if given is not None:       # a placement the caller already has (e.g. greedy's)
             hname, hsol, hplace = given.method, _as_solution(P, given), given
         else:
+            t_h = time.perf_counter()
             hname, hsol, hplace = heuristic_solution(inst, obj, P, verify=verify,
                                                      duration_s=duration_s, workers=workers)
+            params["heuristic_s"] = round(time.perf_counter() - t_h, 3)
+            if time.perf_counter() > deadline:
+                params["over_limit_in"] = (
+                    f"the {hname} start ({params['heuristic_s']:.0f} s with its twin replays "
+                    "and, on a new profile or window, the one-time twin lower-bound "
+                    "measurement) used the whole time limit")
         params["warm_start_method"] = hname
         if hsol is not None and warm_start_solution(P, effective(P), hsol) is not None:
             starts.append((hname, hsol))
@@ -492,6 +499,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                      "surrogates/trained/<profile>/capacity.json yet)")
     params["claim"] = claim
     params["wall_s"] = time.perf_counter() - t_start
+    if "over_limit_in" in params:
+        notes.append(params["over_limit_in"])
     status = placement.status
     if status == "optimal" and claim is None:
         status = "solved"
