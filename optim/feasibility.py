@@ -92,8 +92,9 @@ class TwinBound:
     ``one_adapter`` = ceil(load / ``gpu_cap_tps``), ``gpu_cap_tps`` being the largest one-adapter
     carry limit over the GPU types; ``by_count`` = ceil(load / ``count_cap_tps``), the cap of a
     GPU that must hold several adapters because no adapter offers more than
-    ``max_adapter_tps``; ``best`` = max of the two. ``count_limits`` lists the
-    (adapters, carry limit) points measured for it."""
+    ``max_adapter_tps``; ``one_gpu_excluded``: every adapter on one GPU starves at every Amax
+    (``one_gpu_excluded``); ``best`` = max of the three (2 for the last). ``count_limits`` lists
+    the (adapters, carry limit) points measured for ``by_count``."""
 
     instance: str
     duration_s: float
@@ -104,15 +105,17 @@ class TwinBound:
     one_adapter: int
     by_count: int
     count_limits: tuple[tuple[int, float], ...] = ()
+    one_gpu_excluded: bool = False
 
     @property
     def best(self) -> int:
-        return max(self.one_adapter, self.by_count)
+        return max(self.one_adapter, self.by_count, 2 if self.one_gpu_excluded else 1)
 
     def to_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in ("instance", "duration_s", "load_tps",
                                                   "max_adapter_tps", "gpu_cap_tps",
-                                                  "count_cap_tps", "one_adapter", "by_count")},
+                                                  "count_cap_tps", "one_adapter", "by_count",
+                                                  "one_gpu_excluded")},
                 "best": self.best, "count_limits": [list(x) for x in self.count_limits]}
 
 
@@ -189,8 +192,10 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     adapters carries less (``count_cap``): ``by_count``, measured only when the load per GPU at
     the one-adapter bound exceeds ``COUNT_BOUND_FROM`` x the one-adapter cap (the limits of many
     adapters measured on the H100 profiles are >= 0.9 of it, so below that the count-aware cap
-    cannot raise the bound; skipping it is sound, it only forgoes tightness). A twin-accepted
-    placement with ``best`` GPUs is optimal in the twin."""
+    cannot raise the bound; skipping it is sound, it only forgoes tightness). When both leave one
+    GPU possible for a load above that share, ``one_gpu_excluded`` replays the one-GPU
+    placement at every Amax. A twin-accepted placement with ``best`` GPUs is optimal in the
+    twin."""
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     seeds = _bound_seeds(inst)
     thr = inst.starvation_threshold
@@ -218,9 +223,53 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     if best_one <= 0:
         raise ValueError(f"{inst.name}: no GPU type starts a LoRA configuration of rank >= "
                          f"{_smallest_rank(inst)}")
-    return TwinBound(inst.name, dur, total, lmax, best_one, best_count,
-                     _count_bound(total, best_one), _count_bound(total, best_count),
-                     tuple((int(n), float(v)) for n, v in points))
+    lb_one, lb_count = _count_bound(total, best_one), _count_bound(total, best_count)
+    # one GPU for everything: exact check of every Amax, where the caps leave it possible
+    excluded = (max(lb_one, lb_count) == 1 and total > COUNT_BOUND_FROM * best_one
+                and one_gpu_excluded(inst, dur, workers))
+    return TwinBound(inst.name, dur, total, lmax, best_one, best_count, lb_one, lb_count,
+                     tuple((int(n), float(v)) for n, v in points), excluded)
+
+
+def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = None) -> bool:
+    """True when no one-GPU placement of ``inst`` can be twin-accepted with window
+    ``duration_s``.
+
+    A one-GPU placement puts every adapter on GPU 0 (workload seed ``inst.seed``); what remains
+    free is the GPU type, Amax, ``max_lora_rank`` and the adapters' order. More slots than
+    adapters + 1, or a higher ``max_lora_rank`` than the largest adapter rank, only add work per
+    step and take KV cache (``capacity`` module docstring), so every Amax 1..min(adapters + 1,
+    largest startable) at the largest rank is replayed (the integer search first, every other
+    Amax only if it finds nothing). The order changes the workload draw, so a GPU counts as
+    failing only when its best score (throughput / (threshold x realised offered)) stays below
+    1 - ``SPREAD_SIGMAS`` x the relative spread of the one-adapter carry limit."""
+    from .amax_search import amax_upper, twin_scores
+    from .integer_search import search_max
+    from .placement import plan_gpu
+    from .capacity import SPREAD_SIGMAS
+    rank = max(a.rank for a in inst.adapters)
+    pairs = [(a, 1.0) for a in inst.adapters]
+    seeds = _bound_seeds(inst)
+    for t in inst.gpu_types:
+        r = _type_rank(inst, t)
+        if r is None or max_startable_amax(t.load_profile(), rank) < 1:
+            continue
+        one = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s, seeds,
+                          inst.starvation_threshold, workers)
+        need = 1.0 - SPREAD_SIGMAS * one.spread_tps / float(np.mean(one.per_seed_tps))
+        plan = plan_gpu(t.name, t.profile, 1, pairs, inst.mean_tokens, rank)
+        top = amax_upper(plan)
+
+        def score(xs: list[int], plan=plan) -> list[float]:
+            return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s, workers)]
+
+        _, best, seen = search_max(score, top)
+        if best >= need:
+            return False
+        rest = [a for a in range(1, top + 1) if a not in seen]
+        if rest and max(score(rest)) >= need:
+            return False
+    return True
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,

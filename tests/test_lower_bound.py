@@ -14,6 +14,7 @@ import pytest
 from experiments.gpu_savings import above_bound, certified, reduction, reduction_ceiling, total_gpus
 from optim.capacity import BOUND_SEEDS, carry_limit
 from optim.feasibility import (TWIN_OPTIMAL, count_cap, gpu_lower_bound, lora_gpu_lower_bound,
+                               one_gpu_excluded,
                                placement_claim, twin_certificate, twin_lower_bound)
 from optim.instance import instance_from_dict
 from optim.methods import solve
@@ -150,3 +151,19 @@ def test_savings_figures():
     assert total_gpus(df, "maxbase", strict=True) == (4, 1)   # y starves on its own
     assert total_gpus(df, "greedy") == (4, 0) and total_gpus(df, "nope") == (None, 0)
     assert certified(df) == 1 and certified(df, "maxbase") == 0
+
+
+def test_one_gpu_exclusion_replays_every_amax():
+    """one_gpu_excluded: True for a load one GPU cannot serve at any Amax, False where the twin
+    accepts one GPU; never True where greedy's placement is one accepted GPU."""
+    cap = _limit().limit_tps
+    per = default_lengths().mean_input + default_lengths().mean_output
+    easy = _inst([(8, 0.5 * cap / per / 12)] * 12)
+    hard = _inst([(8, 1.3 * cap / per / 12)] * 12)
+    assert not one_gpu_excluded(easy, DUR) and one_gpu_excluded(hard, DUR)
+    near = _inst([(8, 0.95 * cap / per / 16)] * 16)
+    p = solve(near, "greedy", verify=True, duration_s=DUR)
+    b = twin_lower_bound(near)
+    if p.verdict == "accepted" and p.n_gpus == 1:
+        assert not b.one_gpu_excluded and b.best == 1
+    assert b.best <= max(p.n_gpus, 1) or p.verdict != "accepted"
