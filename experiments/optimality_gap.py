@@ -66,7 +66,7 @@ def _row_method(p, name: str) -> dict:
 
 
 def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out: str | None,
-        workers: int | None) -> int:
+        workers: int | None, parts: tuple[str, ...] = ("small", "paper")) -> int:
     from tqdm import tqdm
 
     from optim.exact.bounds import lower_bounds
@@ -76,7 +76,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
     from optim.instance import load_instance
     from optim.methods import MethodOptions, method_names, solve
 
-    files = sorted(SMALL_DIR.glob("*.json"))
+    files = sorted(SMALL_DIR.glob("*.json")) if "small" in parts else []
     if quick:
         files = files[::3]
     heur = [h for h, (m, _) in HEURISTICS.items() if m in method_names()]
@@ -121,7 +121,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
             g = row.get(f"{m}_gpus")
             row[f"{m}_gap"] = None if g is None or ref is None else g - ref
         rows.append(row)
-    for name in MEDIUM[:1 if quick else len(MEDIUM)]:
+    for name in (MEDIUM[:1 if quick else len(MEDIUM)] if "small" in parts else ()):
         f = REPO / "instances" / "paper" / f"{name}.json"
         if not f.is_file():
             continue
@@ -136,7 +136,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
                      "cpsat_gpus": len(r.gpus) if r.gpus else None,
                      "cpsat_solver_status": r.status, "cpsat_solve_time_s": round(r.solve_time_s, 3),
                      "cpsat_verdict": None})
-    paper = paper_rows(quick, duration, workers)
+    paper = paper_rows(quick, duration, workers) if "paper" in parts else []
     return finish(rows, heur, out_dir, json_out, quick, time_limit, duration, paper)
 
 
@@ -193,7 +193,8 @@ def finish(rows, heur, out_dir: Path, json_out, quick, time_limit, duration,
            paper: list[dict] | None = None) -> int:
     import pandas as pd
     out_dir.mkdir(parents=True, exist_ok=True)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["instance", "kind",
+                                                               "lower_bound"])
     df.to_csv(out_dir / "optimality_gap.csv", index=False)
     cols = ["instance", "adapters", "lower_bound", "proven_optimum", "twin_lb"]
     for m in ("milp", "cpsat", *heur):
@@ -212,10 +213,11 @@ def finish(rows, heur, out_dir: Path, json_out, quick, time_limit, duration,
         gshare = float((gg == 0).mean()) if len(gg) else float("nan")
     else:
         gmean = gshare = float("nan")
-    _plot(small, heur, out_dir / "optimality_gap.png")
+    if n:
+        _plot(small, heur, out_dir / "optimality_gap.png")
     if json_out:
         Path(json_out).write_text(df.to_json(orient="records", indent=1))
-    print(f"wrote {out_dir / 'optimality_gap.csv'}, .md, .png")
+    print(f"wrote {out_dir / 'optimality_gap.csv'}, .md" + (", .png" if n else ""))
     if "twin_optimal" in small and n:
         below = (int((pd.to_numeric(small["greedy_gap"], errors="coerce") < 0).sum())
                  if "greedy_gap" in small else 0)
@@ -289,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None,
                     help="twin window in s (default 600)")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--only", choices=("small", "paper"), default=None,
+                    help="run one part: the small instances (with the medium bounds) or the "
+                         "paper instances with <= 160 adapters (default: both)")
     ap.add_argument("--out-dir", default=str(REPO / "results" / "optimality_gap"))
     a = ap.parse_args(argv)
     tl = a.time_limit or (20.0 if a.quick else 60.0)
@@ -297,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --time-limit and --duration must be > 0", file=sys.stderr)
         return 2
     t0 = time.time()
-    rc = run(a.quick, tl, dur, Path(a.out_dir), a.json, a.workers)
+    parts = (a.only,) if a.only else ("small", "paper")
+    rc = run(a.quick, tl, dur, Path(a.out_dir), a.json, a.workers, parts)
     print(f"wall={time.time() - t0:.1f}s", file=sys.stderr)
     return rc
 
