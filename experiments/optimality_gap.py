@@ -88,7 +88,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
         P = build_problem(inst, "gpus")
         b = lower_bounds(P, lp=True, time_limit_s=min(10.0, time_limit))
         row.update({"lb_l1": b.l1, "lb_l2": b.l2, "lb_lp": None if b.lp is None else round(b.lp, 3),
-                    "lower_bound": int(b.best), "twin_lb": lora_gpu_lower_bound(inst)})
+                    "lower_bound": int(b.best), "twin_lb": lora_gpu_lower_bound(inst, duration)})
         opts = MethodOptions(time_limit_s=time_limit)
         for m in ("milp", "cpsat"):
             p = solve(inst, m, objective="gpus", options=opts, verify=True,
@@ -164,7 +164,7 @@ def paper_rows(quick: bool, duration: float, workers: int | None) -> list[dict]:
     for f in tqdm(paper_files(quick), desc="paper instances (<= 160 adapters)", file=sys.stderr):
         inst = load_instance(f)
         row = {"instance": inst.name, "adapters": len(inst.adapters), "kind": "paper",
-               "twin_lb": lora_gpu_lower_bound(inst)}
+               "twin_lb": lora_gpu_lower_bound(inst, duration)}
         g = solve(inst, "greedy", objective="gpus", verify=True, duration_s=duration,
                   workers=workers)
         row.update(_row_method(g, "greedy"))
