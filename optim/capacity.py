@@ -165,11 +165,22 @@ def _cache_path() -> Path:
     return base / "carry_limits.json"
 
 
+SHIPPED_LIMITS = Path(__file__).resolve().parent / "data" / "carry_limits.json"
+
+
 def _disk_get(key: str) -> dict | None:
-    try:
-        return json.loads(_cache_path().read_text()).get(key)
-    except (OSError, ValueError):
-        return None
+    """A cached limit: the user's cache first, then the limits shipped with the package
+    (``optim/data/carry_limits.json``: measured by this module on the shipped profiles; keys
+    hash the profile's content, the window, seeds and the twin's fingerprint, so an entry is
+    used only where the same measurement would be repeated)."""
+    for path in (_cache_path(), SHIPPED_LIMITS):
+        try:
+            hit = json.loads(path.read_text()).get(key)
+        except (OSError, ValueError):
+            continue
+        if hit is not None:
+            return hit
+    return None
 
 
 def _disk_put(key: str, value: dict) -> None:
