@@ -230,7 +230,8 @@ class Placement:
         if lb is not None:
             parts.append(f"twin_lower_bound={lb}")
         out = " ".join(parts)
-        if lb is not None and self.verdict == "accepted" and self.n_gpus == lb:
+        if lb is not None and self.verdict == "accepted" and self.n_gpus == lb \
+                and self.objective == "gpus":
             out += "\nclaim: optimal in the twin (the GPU count meets the twin lower bound)"
         elif self.params.get("claim"):
             out += f"\nclaim: {self.params['claim']}"

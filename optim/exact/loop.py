@@ -477,6 +477,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         placement = incumbent.with_(method=method, best_bound=best_bound,
                                     status="optimal" if model_optimal else "solved",
                                     params={**incumbent.params})
+        params["objective"] = inc_value
+        params["gap"] = _gap(inc_value, best_bound)
     elif verify and placement.verdict == "rejected":
         notes.append(f"twin still rejects after {len(iterations)} iteration(s) "
                      "(iteration or time limit); no twin-accepted placement is known")
