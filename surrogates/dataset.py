@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from twin.metrics import is_starved
+from twin.server import SHARED_BENCHMARK_CLIENT_MAX_WAITING
 
 from .features import FEATURES, RANK_CLASSES, gpu_features
 
@@ -62,9 +63,10 @@ MEAN_IN_RANGE = (150.0, 320.0)
 MEAN_OUT_RANGE = (130.0, 280.0)
 DEFAULT_MEANS = (223.0, 196.3)
 DEFAULT_DURATION_S = 3600.0
-# the shared benchmark's client could not keep more than ~25.5k requests waiting (see
-# experiments/twin_fidelity.py); overloaded throughput depends on it, so the dataset uses it too
-DEFAULT_CLIENT_MAX_WAITING = 25_500
+# the shared benchmark's client could not keep more than ~25.5k requests waiting
+# (twin.server.SHARED_BENCHMARK_CLIENT_MAX_WAITING); overloaded throughput depends on it, so the
+# dataset uses it too
+DEFAULT_CLIENT_MAX_WAITING = SHARED_BENCHMARK_CLIENT_MAX_WAITING
 # finished scenarios are saved every DEFAULT_FLUSH_EVERY scenarios or DEFAULT_FLUSH_SECONDS,
 # whichever comes first, and on Ctrl-C / SIGTERM: a killed build loses at most the scenarios
 # still running (one per worker) plus those finished in the last few seconds
