@@ -9,9 +9,15 @@ Modules (one concept each):
   (trained per profile), a provisional twin-measured table, or the instance's constant capacity.
 * ``bounds``    — lower bounds independent of the solvers (capacity L1, Martello–Toth L2,
   LP relaxation).
+* ``first_fit`` — first/best-fit decreasing over the problem's own configurations (starts).
+* ``arcflow``   — the arc-flow model (CP-SAT and HiGHS) where GPUs are limited by load alone, its
+  LP relaxation (Gilmore–Gomory bound) and the LP pattern dive.
+* ``classical`` — BPPLIB / OR-Library bin-packing files as constant-capacity instances.
 * ``milp``      — the Pyomo model, one function per constraint family, solved with HiGHS.
 * ``cpsat``     — the same decisions and families in CP-SAT.
 * ``brute``     — exhaustive enumeration for tiny instances (tests).
-* ``loop``      — twin in the loop: solve, verify in the fleet twin, cut starving GPUs, re-solve.
+* ``loop``      — the method under one deadline: bounds, starts, model choice, and the twin in
+  the loop (solve, verify in the fleet twin, cut starving GPUs, re-solve; greedy's accepted
+  placement as incumbent; claims).
 * ``register``  — ``milp``, ``cpsat`` and ``auto`` in the method registry.
 """
