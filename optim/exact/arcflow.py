@@ -42,6 +42,7 @@ from .problem import PackingProblem
 MAX_NODES = 20_000          # per kind, after dividing by the common divisor
 MAX_ARCS = 400_000          # over all kinds
 MAX_CAP_RAISES = 3          # LP dive: GPU-total raises before the cap is dropped
+DIVE_NOISE = 0.3            # LP dive restarts: noise added to positive flows on the path choice
 
 
 @dataclass(frozen=True)
@@ -301,10 +302,12 @@ class _ArcFlowLp:
             return None
         return np.array(self.h.getSolution().col_value)
 
-    def heaviest_path(self, x) -> tuple[int, list[int], float]:
+    def heaviest_path(self, x, noise=None) -> tuple[int, list[int], float]:
         """(kind, classes, bottleneck flow) of the path that follows the largest flow out of
-        every node, in the kind with the most GPUs."""
+        every node (plus ``noise`` per column, to vary restarts), in the kind with the most
+        GPUs."""
         G = self.G
+        score = x if noise is None else x + noise * (x > 1e-9)
         k = max(range(len(G.kinds)), key=lambda q: (x[self.nf + q], -q))
         kind, base = G.kinds[k], self.first[k]
         out: dict[int, list[int]] = {}
@@ -312,7 +315,7 @@ class _ArcFlowLp:
             out.setdefault(u, []).append(a)
         u, classes, flow = 0, [], float("inf")
         while u != kind.cap:
-            a = max(out[u], key=lambda q: (x[base + q], kind.arcs[q][2] >= 0, -q))
+            a = max(out[u], key=lambda q: (score[base + q], kind.arcs[q][2] >= 0, -q))
             flow = min(flow, float(x[base + a]))
             if kind.arcs[a][2] >= 0:
                 classes.append(kind.arcs[a][2])
@@ -321,32 +324,66 @@ class _ArcFlowLp:
 
 
 def lp_dive(P: PackingProblem, G: ArcFlowGraph, deadline: float,
-            threads: int | None = None) -> LpDive:
-    """Arc-flow LP relaxation (HiGHS) and a pattern dive for an integer solution.
+            threads: int | None = None, seed: int = 0) -> LpDive:
+    """Arc-flow LP relaxation (HiGHS) and pattern dives for an integer solution.
 
-    The LP value is the Gilmore–Gomory bound (a valid lower bound). The dive (sequential
+    The LP value is the Gilmore–Gomory bound (a valid lower bound). A dive (sequential
     rounding, as for cutting stock) commits GPUs path by path: the path that follows the largest
     LP flow out of each node, as many copies as its bottleneck flow rounded down (at least one),
     their adapters taken off the demand rows (copies beyond what is left are dropped), as many
-    GPUs off the pool and the GPU-total rows, and the LP re-solved. The
-    GPU total is capped at the LP value rounded up (gpus objective), so a dive that covers
-    every adapter meets the bound; when the capped LP turns infeasible the cap grows by one.
-    Ends when every adapter is placed, or at ``deadline`` (``time.perf_counter()``)."""
+    GPUs off the pool and the GPU-total rows, and the LP re-solved. The GPU total is capped at
+    the LP value rounded up (gpus objective), so a dive that covers every adapter meets the
+    bound; when the capped LP turns infeasible the cap grows (at most ``MAX_CAP_RAISES`` times,
+    then it is dropped). A dive that ends above the bound is restarted from the root with seeded
+    noise on the path choice, keeping the best, until the bound is met or ``deadline``
+    (``time.perf_counter()``)."""
+    import numpy as np
     t0 = time.perf_counter()
     lp = _ArcFlowLp(P, G, threads)
-    x = lp.solve(deadline)
-    if x is None:
+    x0 = lp.solve(deadline)
+    if x0 is None:
         return LpDive(None, None, lp.solves, time.perf_counter() - t0)
     lp_value = float(lp.h.getInfo().objective_function_value)
+    target = math.ceil(lp_value - 1e-6) if P.objective == "gpus" else None
+    rng = np.random.default_rng(seed)
+    best: list[tuple[int, list[int]]] | None = None
+    attempt = 0
+    while time.perf_counter() < deadline:
+        noise = None if attempt == 0 else rng.random(len(x0)) * DIVE_NOISE
+        used = _dive(lp, P, G, deadline, target, noise, restart=attempt > 0)
+        attempt += 1
+        if used is not None and (best is None or len(used) < len(best)):
+            best = used
+        if best is not None and (target is None or len(best) <= target):
+            break
+    if best is None:
+        return LpDive(lp_value, None, lp.solves, time.perf_counter() - t0)
+    left = {c: list(m) for c, m in enumerate(G.members)}
+    gpus = []
+    for k, take in best:
+        kind = G.kinds[k]
+        gpus.append((kind.type_index, kind.config_index,
+                     tuple(sorted(left[c].pop() for c in take))))
+    return LpDive(lp_value, tuple(gpus), lp.solves, time.perf_counter() - t0)
+
+
+def _dive(lp: _ArcFlowLp, P: PackingProblem, G: ArcFlowGraph, deadline: float,
+          target: int | None, noise, restart: bool) -> list[tuple[int, list[int]]] | None:
+    """One dive from the root LP (rows reset first on a restart): the GPUs committed as
+    (kind, classes), or ``None`` when it did not cover every adapter in time."""
     demand = [len(m) for m in G.members]
     pool = {t: float(P.types[t].count) for t in lp.pool_row}
-    cap = math.ceil(lp_value - 1e-6) if P.objective == "gpus" else None
-    if cap is not None:
-        lp.h.changeRowBounds(lp.total_row, 0.0, float(cap))
-        x = lp.solve(deadline)
+    if restart:
+        for c, m in enumerate(demand):
+            lp.h.changeRowBounds(lp.demand_row + c, float(m), float("inf"))
+        for t, r in lp.pool_row.items():
+            lp.h.changeRowBounds(r, 0.0, pool[t])
+    cap = target
+    lp.h.changeRowBounds(lp.total_row, 0.0, float(cap) if cap is not None else float("inf"))
+    x = lp.solve(deadline)
     used: list[tuple[int, list[int]]] = []
     while x is not None and any(demand):
-        k, classes, flow = lp.heaviest_path(x)
+        k, classes, flow = lp.heaviest_path(x, noise)
         copies = max(1, int(math.floor(flow + 1e-6)))     # the LP uses the path that often
         added = 0
         for _ in range(copies):
@@ -381,15 +418,7 @@ def lp_dive(P: PackingProblem, G: ArcFlowGraph, deadline: float,
             cap = None
             lp.h.changeRowBounds(lp.total_row, 0.0, float("inf"))
             x = lp.solve(deadline)
-    if any(demand):
-        return LpDive(lp_value, None, lp.solves, time.perf_counter() - t0)
-    left = {c: list(m) for c, m in enumerate(G.members)}
-    gpus = []
-    for k, take in used:
-        kind = G.kinds[k]
-        gpus.append((kind.type_index, kind.config_index,
-                     tuple(sorted(left[c].pop() for c in take))))
-    return LpDive(lp_value, tuple(gpus), lp.solves, time.perf_counter() - t0)
+    return None if any(demand) else used
 
 
 def _weights(P: PackingProblem, G: ArcFlowGraph) -> list[float]:
