@@ -52,6 +52,7 @@ from ..verify import verify as twin_verify
 from .bounds import infeasible_adapters, lower_bounds
 from .capacity import build_problem
 from .common import SolveResult, effective, warm_start_solution
+from .first_fit import best_start, solution_value
 from .problem import LOAD_SCALE, CapacityCut, Cut, PackingProblem, scale_load
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -201,17 +202,31 @@ def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int |
     """One solve of ``P`` before ``deadline``: the arc-flow model when it is exact for ``P``
     (``arcflow.applicable``; LP bound and an LP dive first), else the assignment model with the
     pool cut down to what can beat the best start. Returns the result and a record of how."""
-    from . import arcflow
-    from .cpsat import solve_cpsat
-    from .first_fit import solution_value
-    from .milp import solve_milp
-
     info: dict[str, Any] = {}
     E = effective(P)
-    feasible_starts = [(name, sol) for name, sol in starts
-                       if warm_start_solution(P, E, sol) is not None]
-    best = min(feasible_starts, key=lambda s: solution_value(P, s[1]), default=None)
+    mapped = [(name, sol, m) for name, sol in starts
+              if (m := warm_start_solution(P, E, sol)) is not None]
+    first = min(mapped, key=lambda s: solution_value(P, s[1]), default=None)
+    best = first[:2] if first else None
     info["start"] = best[0] if best else None
+    r = _solve_model(P, solver, deadline, threads, best, seed, info)
+    if r.status == "unknown" and r.objective is None and first is not None:
+        # the search found nothing in time: the best start the model admits, with the bound
+        name, sol, m = first
+        gpus = tuple((t, E.orig[t][p], items) for t, p, items in m)
+        r = SolveResult(solver, "feasible", solution_value(P, sol), r.bound, r.solve_time_s,
+                        gpus, True, {"termination": f"time limit; best start ({name}) returned"})
+    return r, info
+
+
+def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int | None,
+                 best: tuple[str, Sequence] | None, seed: int,
+                 info: dict[str, Any]) -> SolveResult:
+    """The solve of ``_model_solve`` (model choice, dive, search), recording into ``info``."""
+    from . import arcflow
+    from .cpsat import solve_cpsat
+    from .milp import solve_milp
+
     reason = arcflow.applicable(P)
     G = arcflow.build_graph(P) if reason is None else None
     if reason is None and G is None:
@@ -245,7 +260,7 @@ def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int |
         r = fn(Pl, G, max(0.1, deadline - time.perf_counter()), threads=threads, hint=hint, **kw)
         if r.bound is not None and P.objective == "gpus":
             r = replace(r, bound=max(r.bound, float(lb)))
-        return r, info
+        return r
     info["why_not_arcflow"] = reason
     Pm = _pool_below(P, [best] if best is not None else [])
     pairs = Pm.n * len(Pm.slots)
@@ -256,32 +271,20 @@ def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int |
         info["skipped"] = (f"assignment model of {pairs} (adapter, GPU) pairs cannot be built "
                            f"and searched in the {left:.1f} s left")
         return SolveResult(solver, "unknown", None, None, 0.0, (), False,
-                           {"termination": "model too large for the time left"}), info
+                           {"termination": "model too large for the time left"})
     fn = solve_milp if solver == "milp" else solve_cpsat
-    r = fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
-           warm_start=best[1] if best else None)
-    return r, info
+    return fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
+              warm_start=best[1] if best else None)
 
 
 def _pool_below(P: PackingProblem, starts) -> PackingProblem:
     """``P`` with each type's GPU slots cut to what a solution at least as good as the best
     start can use: the start's GPU count (gpus) or its cost over the type's price (cost)."""
-    from .first_fit import solution_value
     if not starts or P.objective not in ("gpus", "cost"):
         return P
     val = min(solution_value(P, sol) for _, sol in starts)
     return replace(P, max_slots={t: min(spec.count, int(val // max(P.slot_weight(t), 1e-9)))
                                  for t, spec in enumerate(P.types)})
-
-
-def _start_result(P: PackingProblem, solver: str, sol, name: str, wall: float) -> SolveResult:
-    """A feasible result made of a start solution (when the solver found nothing better)."""
-    from .first_fit import solution_value
-    E = effective(P)
-    s = warm_start_solution(P, E, sol)
-    gpus = tuple((t, E.orig[t][p], items) for t, p, items in s)
-    return SolveResult(solver, "feasible", solution_value(P, sol), None, wall, gpus, True,
-                       {"termination": f"time limit; best start ({name}) returned"})
 
 
 def solve_exact(inst: Instance, objective=None, solver: str = "milp",
@@ -295,7 +298,6 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     start from instead of running the heuristic (used as warm start when the model admits it,
     and as the twin-accepted incumbent when it was verified and accepted)."""
     from ..objectives import make_objective
-    from .first_fit import best_start, solution_value
 
     if solver not in ("milp", "cpsat"):
         raise ValueError(f"solver: must be 'milp' or 'cpsat', got {solver!r}")
@@ -378,11 +380,6 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             if ffc is not None:
                 it_starts.append(ffc)
         r, how = _model_solve(Pc, solver, deadline, threads, it_starts, inst.seed)
-        Ec = effective(Pc)
-        ok_starts = [s for s in it_starts if warm_start_solution(Pc, Ec, s[1]) is not None]
-        if r.status == "unknown" and ok_starts and r.objective is None:
-            name, sol = min(ok_starts, key=lambda s: solution_value(P, s[1]))
-            r = replace(_start_result(Pc, solver, sol, name, r.solve_time_s), bound=r.bound)
         rec = {"iteration": it, "status": r.status, "objective": r.objective, "bound": r.bound,
                "gap": r.gap, "solve_time_s": round(r.solve_time_s, 3),
                "warm_start_used": r.warm_start_used, "cuts": len(cuts) + len(cap_cuts),
