@@ -236,13 +236,9 @@ class _ArcFlowLp:
         inf = highspy.kHighsInf
         for k, kind in enumerate(G.kinds):   # flow conservation
             self.first.append(j)
-            nodes: dict[int, list[tuple[int, int]]] = {}
-            for a, (u, v, _) in enumerate(kind.arcs):
-                nodes.setdefault(u, []).append((j + a, -1))
-                nodes.setdefault(v, []).append((j + a, 1))
-            for node, ent in sorted(nodes.items()):
-                for jj, sgn in ent:
-                    ri.append(r), cj.append(jj), val.append(sgn)
+            for node, (ins, outs) in _incidence(kind).items():
+                for a, sgn in [(a, 1) for a in ins] + [(a, -1) for a in outs]:
+                    ri.append(r), cj.append(j + a), val.append(sgn)
                 if node in (0, kind.cap):
                     ri.append(r), cj.append(nf + k), val.append(1 if node == 0 else -1)
                 lo.append(0.0), hi.append(0.0)
@@ -454,8 +450,7 @@ def solve_arcflow_milp(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
         for k, a in A:
             m.f[k, a].set_value(hint.get((k, a), 0))
         for k, kind in enumerate(G.kinds):
-            m.n[k].set_value(sum(v for (kk, a), v in hint.items()
-                                 if kk == k and kind.arcs[a][0] == 0))
+            m.n[k].set_value(_gpus_of_kind(G, hint, k))
     s = Highs()
     s.config.time_limit = max(0.1, time_limit_s - (time.perf_counter() - t0))
     s.config.load_solution = False
@@ -478,8 +473,8 @@ def solve_arcflow_milp(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
     res.solution_loader.load_vars()
     flows = {(k, a): int(round(pyo.value(m.f[k, a]))) for k, a in A
              if pyo.value(m.f[k, a]) > 0.5}
-    return _result("milp", P, G, flows, float(obj), bound,
-                   res.termination_condition == TC.optimal, wall, bool(hint), details)
+    return _result("milp", P, G, flows, bound, res.termination_condition == TC.optimal, wall,
+                   bool(hint), details)
 
 
 def solve_arcflow_cpsat(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
@@ -516,8 +511,7 @@ def solve_arcflow_cpsat(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
         for key, var in f.items():
             m.AddHint(var, hint.get(key, 0))
         for k, kind in enumerate(G.kinds):
-            m.AddHint(n[k], sum(v for (kk, a), v in hint.items()
-                                if kk == k and kind.arcs[a][0] == 0))
+            m.AddHint(n[k], _gpus_of_kind(G, hint, k))
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - t0))
     s.parameters.num_workers = int(threads or default_threads())
@@ -533,13 +527,19 @@ def solve_arcflow_cpsat(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult("cpsat", "unknown", None, bound, wall, (), bool(hint), details)
     flows = {key: int(s.Value(v)) for key, v in f.items() if s.Value(v) > 0}
-    return _result("cpsat", P, G, flows, s.ObjectiveValue() / scale, bound,
-                   st == cp_model.OPTIMAL, wall, bool(hint), details)
+    return _result("cpsat", P, G, flows, bound, st == cp_model.OPTIMAL, wall, bool(hint),
+                   details)
 
 
-def _result(solver: str, P: PackingProblem, G: ArcFlowGraph, flows, obj: float,
-            bound: float | None, optimal: bool, wall: float, warm: bool,
-            details: dict) -> SolveResult:
+def _gpus_of_kind(G: ArcFlowGraph, flows: dict[tuple[int, int], int], k: int) -> int:
+    """GPUs of kind ``k`` in a flow: the flow leaving node 0."""
+    return sum(v for (kk, a), v in flows.items() if kk == k and G.kinds[k].arcs[a][0] == 0)
+
+
+def _result(solver: str, P: PackingProblem, G: ArcFlowGraph, flows, bound: float | None,
+            optimal: bool, wall: float, warm: bool, details: dict) -> SolveResult:
+    """The result of a solved flow; the objective is recomputed from the decomposed GPUs
+    (surplus copies dropped), so it is exact for the placement returned."""
     gpus = decompose(G, flows)
     obj = float(sum(P.slot_weight(t) for t, _, _ in gpus))
     if optimal:
@@ -551,19 +551,23 @@ def _result(solver: str, P: PackingProblem, G: ArcFlowGraph, flows, obj: float,
 
 
 # ----------------------------------------------------------------------- constraint families
+def _incidence(kind: Kind) -> dict[int, tuple[list[int], list[int]]]:
+    """Per node of a kind's graph, in node order (0 and ``C_k`` always present): the arcs
+    entering it and the arcs leaving it (indices into ``kind.arcs``)."""
+    nodes: dict[int, tuple[list[int], list[int]]] = {0: ([], []), kind.cap: ([], [])}
+    for a, (u, v, _) in enumerate(kind.arcs):
+        nodes.setdefault(u, ([], []))[1].append(a)
+        nodes.setdefault(v, ([], []))[0].append(a)
+    return dict(sorted(nodes.items()))
+
+
 def _add_flow_conservation(m, G: ArcFlowGraph, add) -> None:
     """sum_in f - sum_out f = -n_k at node 0, +n_k at C_k, 0 elsewhere (per kind k)."""
     import pyomo.environ as pyo
     cons = []
     for k, kind in enumerate(G.kinds):
-        inflow: dict[int, list[int]] = {}
-        outflow: dict[int, list[int]] = {}
-        for a, (u, v, _) in enumerate(kind.arcs):
-            outflow.setdefault(u, []).append(a)
-            inflow.setdefault(v, []).append(a)
-        for node in sorted(set(inflow) | set(outflow) | {0, kind.cap}):
-            e = (sum(m.f[k, a] for a in inflow.get(node, []))
-                 - sum(m.f[k, a] for a in outflow.get(node, [])))
+        for node, (ins, outs) in _incidence(kind).items():
+            e = sum(m.f[k, a] for a in ins) - sum(m.f[k, a] for a in outs)
             rhs = -m.n[k] if node == 0 else (m.n[k] if node == kind.cap else 0)
             cons.append(e == rhs)
     _collect(m, "flow", cons, add, pyo)
