@@ -66,9 +66,9 @@ def run(paths: Sequence[str], methods: Sequence[str], time_limit: float, limit: 
     df = pd.DataFrame(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_dir / "classical_bpp.csv", index=False)
-    from experiments.optimality_gap import _markdown
+    from experiments.common import markdown_table
     (out_dir / "classical_bpp.md").write_text(
-        f"# Classical bin packing ({time_limit:g} s per run)\n\n{_markdown(df)}\n")
+        f"# Classical bin packing ({time_limit:g} s per run)\n\n{markdown_table(df)}\n")
     _plot(df, methods, out_dir / "classical_bpp.png")
     runs = len(df) * len(methods)
     proven = sum(int((df[f"{m}_status"] == "optimal").sum()) for m in methods)

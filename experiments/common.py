@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -21,3 +22,14 @@ def require_file(path: str | Path, what: str) -> Path:
     if not p.is_file():
         raise SystemExit(f"error: {what}: file not found: {p}")
     return p
+
+
+def markdown_table(df) -> str:
+    """A GitHub Markdown table (no tabulate dependency)."""
+    def cell(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(lines)

@@ -40,11 +40,12 @@ capacity starving).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
+
+from experiments.common import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_DIR = REPO / "instances" / "small"
@@ -200,7 +201,7 @@ def finish(rows, heur, out_dir: Path, json_out, quick, time_limit, duration,
     for m in ("milp", "cpsat", *heur):
         cols += [c for c in (f"{m}_gpus", f"{m}_gap", f"{m}_solve_time_s" if m in ("milp", "cpsat")
                              else f"{m}_time_s", f"{m}_verdict") if c in df.columns]
-    md = _markdown(df[[c for c in cols if c in df.columns]])
+    md = markdown_table(df[[c for c in cols if c in df.columns]])
     (out_dir / "optimality_gap.md").write_text(
         f"# Optimality gap (quick={quick}, time limit {time_limit:g} s, twin window "
         f"{duration:g} s)\n\n{md}\n")
@@ -233,7 +234,7 @@ def finish(rows, heur, out_dir: Path, json_out, quick, time_limit, duration,
         (out_dir / "optimality_gap_paper.md").write_text(
             f"# Exact methods on the paper instances with <= {PAPER_MAX_ADAPTERS} adapters "
             f"({PAPER_TIME_LIMIT_S:g} s limit, twin window {duration:g} s)\n\n"
-            + _markdown(pdf[pcols]) + "\n")
+            + markdown_table(pdf[pcols]) + "\n")
         runs = 2 * len(pdf)
         acc = int(sum((pdf[f"{m}_verdict"] == "accepted").sum() for m in ("milp", "cpsat")))
         false_opt = int(sum(pdf[f"{m}_false_optimal"].sum() for m in ("milp", "cpsat")))
@@ -244,17 +245,6 @@ def finish(rows, heur, out_dir: Path, json_out, quick, time_limit, duration,
     print(f"instances={n} proven_optimal={k} greedy_mean_gap={gmean:.3f} "
           f"greedy_optimal_share={gshare:.3f}{tail}")
     return 0
-
-
-def _markdown(df) -> str:
-    """A GitHub Markdown table (no tabulate dependency)."""
-    def cell(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def _plot(df, heur, path: Path) -> None:
