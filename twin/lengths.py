@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from scipy.special import ndtr, ndtri
+from .normal_dist import ndtr, ndtri
 
 from .length_means import (_copula_cells, _copula_means, _exact_means, _hist_pmf,
                            _normal_rounded_pmf, _solve_scale)
