@@ -1,4 +1,4 @@
-"""Command line of the twin: ``python -m twin run|maxpack|calibrate``.
+"""Command line of the twin: ``python -m twin run|maxpack|calibrate|serve``.
 
 Every option is checked before the simulation starts (the message names the option and the
 bad value), output files are checked before the work, and results are printed with units and
@@ -411,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the simulation-consistent refit on the shared scheduler runs")
     c.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     c.set_defaults(func=cmd_calibrate)
+
+    from .serve import cli as serve_cli      # argparse only; the server loads when it runs
+    s = sub.add_parser("serve", help="OpenAI-compatible vLLM stand-in timed by the twin",
+                       description=serve_cli.DESCRIPTION, epilog=serve_cli.EPILOG,
+                       formatter_class=serve_cli._Formatter)
+    serve_cli.add_arguments(s)
+    s.set_defaults(func=serve_cli.serve)
     return p
 
 

@@ -13,8 +13,11 @@ Per engine step, with a token budget ``max_num_batched_tokens``:
    waiting request of another adapter is skipped (it keeps its place) and the scan goes on; an
    admission whose blocks cannot be allocated ends the scan.
 
-This class is the readable statement of those rules, used by :mod:`twin.reference_kernel`; the
-numba kernel :mod:`twin.kernel` implements the same rules on arrays.
+This class is the readable statement of those rules, used by :mod:`twin.reference_kernel` and
+the online engine of :mod:`twin.serve`; the numba kernel :mod:`twin.kernel` implements the same
+rules on arrays. A request with ``adapter < 0`` asks for the base model (no LoRA): like vLLM, it
+takes no adapter slot and is never skipped for the ``max_loras`` rule (only ``twin.serve`` sends
+such requests; the batch twin's adapters are all >= 0).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class V1Scheduler:
         seen: set[int] = set()
 
         def note_adapter(a: int) -> None:
-            if a not in seen:
+            if a >= 0 and a not in seen:     # a < 0: base model, no LoRA slot
                 seen.add(a)
                 plan.adapters.append(a)
 
@@ -109,7 +112,7 @@ class V1Scheduler:
                     break
                 req = self.waiting[0]
                 if (self.max_loras > 0 and len(seen) >= self.max_loras
-                        and req.adapter not in seen):
+                        and req.adapter >= 0 and req.adapter not in seen):
                     skipped.appendleft(self.waiting.popleft())
                     continue
                 new = min(req.num_tokens - req.computed, budget)
