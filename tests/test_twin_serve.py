@@ -1,0 +1,390 @@
+"""``twin serve``: the online engine against the batch twin, the HTTP API, /metrics, the CLI.
+
+Servers listen on 127.0.0.1 only; every load is bounded in requests and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp", reason="twin serve needs aiohttp (pip install -e .)")
+
+from twin.cli import main as twin_main  # noqa: E402
+from twin.lengths import default_lengths  # noqa: E402
+from twin.profile import GpuProfile, load_profile  # noqa: E402
+from twin.server import ServerConfig, run_kernel  # noqa: E402
+from twin.serve.app import ServeConfig, TwinServer  # noqa: E402
+from twin.serve.engine import BASE_MODEL, EngineCore, EngineSettings, replay  # noqa: E402
+from twin.workload import Adapter, PoissonArrivals, generate_requests  # noqa: E402
+
+PROFILE = load_profile("llama-3.1-8b-instruct")
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ engine
+def _kernel_vs_engine(profile: GpuProfile, adapters: list[Adapter], amax: int, seed: int,
+                      duration: float):
+    req = generate_requests(adapters, duration, default_lengths(), arrivals=PoissonArrivals(),
+                            seed=seed)
+    run = run_kernel(profile, adapters, req, ServerConfig(max_loras=amax), 1e7)
+    max_rank = max(a.rank for a in adapters)
+    settings = EngineSettings.from_profile(profile, amax, max_rank)
+    load = [profile.load_time_ms(a.rank, max_rank) for a in adapters]
+    first, finish = replay(settings, req.arrival_s, req.adapter, req.input_len, req.output_len,
+                           load)
+    return run, first, finish
+
+
+@pytest.mark.parametrize("amax,n,rate,ranks", [(8, 24, 0.4, (8, 16)), (32, 48, 0.2, (16, 32))])
+def test_engine_reproduces_the_kernel_in_virtual_time(amax, n, rate, ranks):
+    adapters = [Adapter(f"a{i}", ranks[i % len(ranks)], rate) for i in range(n)]
+    run, first, finish = _kernel_vs_engine(PROFILE, adapters, amax, seed=3, duration=40.0)
+    assert (run.finish_t > 0).all() and run.stats[2] > amax      # every request done; LRU swaps
+    np.testing.assert_allclose(first, run.first_t, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(finish, run.finish_t, rtol=0, atol=1e-9)
+
+
+def test_engine_reproduces_the_kernel_under_preemption():
+    d = PROFILE.to_dict()
+    d.update(kv_capacity={"8,8": 4096, "8,16": 4096}, max_model_len=2048,
+             backbone_kv_tokens=8192)
+    small = GpuProfile.from_dict(d)
+    adapters = [Adapter(f"a{i}", (8, 16)[i % 2], 0.5) for i in range(20)]
+    run, first, finish = _kernel_vs_engine(small, adapters, 8, seed=2, duration=30.0)
+    assert run.stats[1] > 50                                      # many preemptions
+    np.testing.assert_allclose(first, run.first_t, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(finish, run.finish_t, rtol=0, atol=1e-9)
+
+
+def test_base_model_requests_take_no_adapter_slot():
+    core = EngineCore(EngineSettings.from_profile(PROFILE, 1, 16))
+    core.register_adapter(0, 5.0)
+    core.register_adapter(1, 5.0)
+    a0 = core.submit(0, 100, 2, 0.0)
+    base = core.submit(BASE_MODEL, 100, 2, 0.0)
+    a1 = core.submit(1, 100, 2, 0.0)
+    rec = core.step()
+    assert set(rec.emitted) == {a0, base}          # a1 skipped: the one slot holds adapter 0
+    assert rec.loads == 1
+    while core.busy:
+        core.step()
+    assert a1.first_t > a0.finish_t
+
+
+def test_kv_capacity_follows_the_profile_and_bad_configs_are_refused():
+    s = EngineSettings.from_profile(PROFILE, 32, 16)
+    assert s.kv_blocks == PROFILE.kv_tokens(32, 16) // PROFILE.block_size
+    with pytest.raises(ValueError, match="--max-loras 384 --max-lora-rank 32"):
+        EngineSettings.from_profile(PROFILE, 384, 32)
+    with pytest.raises(ValueError, match="--max-lora-rank 12"):
+        EngineSettings.from_profile(PROFILE, 8, 12)
+
+
+# ------------------------------------------------------------------------------ HTTP helpers
+def _peft(root: Path, name: str, rank) -> str:
+    p = root / name
+    p.mkdir(parents=True, exist_ok=True)
+    (p / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+    return str(p)
+
+
+class ServerThread:
+    """A TwinServer on 127.0.0.1:0 in its own event loop thread."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.loop = asyncio.new_event_loop()
+        self.server = TwinServer(cfg)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        host, port = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(10)
+        self.url = f"http://{host}:{port}"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _sse(raw: bytes) -> list:
+    events = [line[len(b"data: "):] for line in raw.split(b"\n\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+@pytest.fixture(scope="module")
+def peft_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peft")
+    return {r: _peft(root, f"r{r}", r) for r in (8, 16, 32)}
+
+
+@pytest.fixture(scope="module")
+def server(peft_dirs):
+    cfg = ServeConfig(profile=PROFILE, served_model_name="base", max_loras=2, max_lora_rank=16,
+                      lora_modules=(("a8", peft_dirs[8]), ("a16", peft_dirs[16])),
+                      time_scale=20.0, port=0)
+    s = ServerThread(cfg)
+    yield s
+    s.close()
+
+
+# ------------------------------------------------------------------------------ HTTP API
+def test_health_and_models(server):
+    assert _get(server.url + "/health")[0] == 200
+    status, body = _get(server.url + "/v1/models")
+    d = json.loads(body)
+    assert status == 200 and d["object"] == "list"
+    by_id = {m["id"]: m for m in d["data"]}
+    assert by_id["base"]["parent"] is None and by_id["base"]["object"] == "model"
+    assert by_id["a8"]["parent"] == "base" and by_id["a16"]["parent"] == "base"
+
+
+def test_completion_counts_tokens(server):
+    status, body = _post(server.url + "/v1/completions",
+                         {"model": "a8", "prompt": list(range(37)), "max_tokens": 7,
+                          "ignore_eos": True})
+    d = json.loads(body)
+    assert status == 200 and d["object"] == "text_completion"
+    assert d["usage"]["prompt_tokens"] == 37 and d["usage"]["completion_tokens"] == 7
+    assert d["usage"]["prompt_tokens_source"] == "token_ids"
+    assert d["choices"][0]["finish_reason"] == "length"
+    assert 0 < d["twin_timing"]["ttft_s"] < d["twin_timing"]["e2e_s"]
+    # a text prompt is estimated as ceil(UTF-8 bytes / 4)
+    _, body = _post(server.url + "/v1/completions",
+                    {"model": "base", "prompt": "x" * 41, "max_tokens": 2, "ignore_eos": True})
+    u = json.loads(body)["usage"]
+    assert u["prompt_tokens"] == 11 and u["prompt_tokens_source"].startswith("estimate")
+
+
+def test_streamed_completion_has_one_chunk_per_token(server):
+    status, raw = _post(server.url + "/v1/completions",
+                        {"model": "a16", "prompt": [1, 2, 3], "max_tokens": 12,
+                         "ignore_eos": True, "stream": True,
+                         "stream_options": {"include_usage": True}})
+    chunks = _sse(raw)
+    tokens = [c for c in chunks if c["choices"]]
+    assert status == 200 and len(tokens) == 12
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 11 + ["length"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_output_length_without_ignore_eos_is_capped_and_seeded(server):
+    lens = []
+    for _ in range(3):
+        _, body = _post(server.url + "/v1/completions",
+                        {"model": "a8", "prompt": [5] * 10, "max_tokens": 40})
+        d = json.loads(body)
+        n = d["usage"]["completion_tokens"]
+        assert 1 <= n <= 40
+        assert d["choices"][0]["finish_reason"] == ("length" if n == 40 else "stop")
+        lens.append(n)
+    _, body = _post(server.url + "/v1/completions",
+                    {"model": "a8", "prompt": [5] * 10, "max_tokens": 9, "min_tokens": 9})
+    assert json.loads(body)["usage"]["completion_tokens"] == 9
+
+
+def test_chat_completion_plain_and_streamed(server):
+    msgs = [{"role": "user", "content": "hello there"}]
+    status, body = _post(server.url + "/v1/chat/completions",
+                         {"model": "a8", "messages": msgs, "max_tokens": 4, "ignore_eos": True})
+    d = json.loads(body)
+    assert status == 200 and d["object"] == "chat.completion"
+    assert d["choices"][0]["message"]["role"] == "assistant"
+    assert d["usage"]["completion_tokens"] == 4
+    assert d["usage"]["prompt_tokens"] == 4 + 4 + 3          # fixed + per message + ceil(11/4)
+    status, raw = _post(server.url + "/v1/chat/completions",
+                        {"model": "base", "messages": msgs, "max_completion_tokens": 5,
+                         "ignore_eos": True, "stream": True})
+    chunks = _sse(raw)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = [c for c in chunks if c["choices"][0]["delta"].get("content")]
+    assert len(content) == 5 and content[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_bad_requests_get_vllm_errors(server):
+    status, body = _post(server.url + "/v1/completions",
+                         {"model": "nope", "prompt": [1], "max_tokens": 1})
+    d = json.loads(body)
+    assert status == 404 and d["object"] == "error" and d["type"] == "NotFoundError"
+    assert "nope" in d["message"]
+    status, body = _post(server.url + "/v1/completions",
+                         {"model": "base", "prompt": [1], "max_tokens": 10**7})
+    assert status == 400 and "maximum context length" in json.loads(body)["message"]
+    status, body = _post(server.url + "/v1/completions", {"model": "base", "prompt": []})
+    assert status == 400
+
+
+def test_load_and_unload_adapter(server, peft_dirs):
+    status, _ = _post(server.url + "/v1/load_lora_adapter",
+                      {"lora_name": "late", "lora_path": peft_dirs[16]})
+    assert status == 200
+    ids = [m["id"] for m in json.loads(_get(server.url + "/v1/models")[1])["data"]]
+    assert "late" in ids
+    status, body = _post(server.url + "/v1/completions",
+                         {"model": "late", "prompt": [1, 2], "max_tokens": 3, "ignore_eos": True})
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+    status, body = _post(server.url + "/v1/load_lora_adapter",
+                         {"lora_name": "late", "lora_path": peft_dirs[16]})
+    assert status == 400 and "already been loaded" in json.loads(body)["message"]
+    status, body = _post(server.url + "/v1/load_lora_adapter",
+                         {"lora_name": "big", "lora_path": peft_dirs[32]})
+    assert status == 400 and "max_lora_rank" in json.loads(body)["message"]
+    assert _post(server.url + "/v1/unload_lora_adapter", {"lora_name": "late"})[0] == 200
+    assert _post(server.url + "/v1/completions",
+                 {"model": "late", "prompt": [1], "max_tokens": 1})[0] == 404
+    assert _post(server.url + "/v1/unload_lora_adapter", {"lora_name": "late"})[0] == 404
+
+
+METRIC_NAMES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc",
+    "vllm:lora_requests_info", "vllm:cache_config_info", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket")
+
+
+def test_metrics_have_vllm_names_and_the_profiles_kv_capacity(server):
+    _post(server.url + "/v1/completions",
+          {"model": "a8", "prompt": [1] * 20, "max_tokens": 3, "ignore_eos": True})
+    status, body = _get(server.url + "/metrics")
+    text = body.decode()
+    assert status == 200
+    for name in METRIC_NAMES:
+        assert re.search(rf"^{re.escape(name)}\{{", text, re.M), name
+    for line in text.splitlines():
+        if line.startswith(("vllm:num_requests", "vllm:time_to_first")):
+            assert 'model_name="base"' in line
+    m = re.search(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"[^}]*'
+                  r'num_gpu_blocks="(\d+)"', text, re.M)
+    assert int(m.group(1)) == PROFILE.block_size
+    assert int(m.group(2)) == PROFILE.kv_tokens(2, 16) // PROFILE.block_size
+    assert re.search(r'^vllm:lora_requests_info\{max_lora="2",', text, re.M)
+    gen = float(re.search(r"^vllm:generation_tokens_total\{.*\} (\S+)", text, re.M).group(1))
+    assert gen >= 3
+
+
+def test_wall_clock_run_equals_virtual_replay_of_its_arrivals(peft_dirs):
+    """The asyncio driver only stamps arrivals and releases tokens: replaying the stamped
+    arrivals through the engine in pure virtual time gives the same first-token and finish
+    times, under a burst that makes adapters compete for max_loras slots."""
+    mods = tuple((f"m{i}", peft_dirs[(8, 16)[i % 2]]) for i in range(3))
+    cfg = ServeConfig(profile=PROFILE, served_model_name="base", max_loras=2, max_lora_rank=16,
+                      lora_modules=mods, time_scale=20.0, port=0)
+    srv = ServerThread(cfg)
+    n = 40
+    ins = [30 + 7 * i for i in range(n)]
+    outs = [5 + (i % 6) for i in range(n)]
+
+    async def fire():
+        async with aiohttp.ClientSession() as s:
+            async def one(i):
+                if i % 10 == 5:
+                    await asyncio.sleep(0.05)
+                async with s.post(srv.url + "/v1/completions", json={
+                        "model": f"m{i % 3}", "prompt": [1] * ins[i], "max_tokens": outs[i],
+                        "ignore_eos": True}) as r:
+                    return (await r.json())["twin_timing"]
+            return await asyncio.wait_for(asyncio.gather(*[one(i) for i in range(n)]), 30)
+
+    try:
+        timing = asyncio.run(fire())
+    finally:
+        srv.close()
+    order = np.argsort([t["arrival_s"] for t in timing], kind="stable")
+    arrival = np.array([timing[i]["arrival_s"] for i in order])
+    adapter = np.array([i % 3 for i in order])
+    load = [PROFILE.load_time_ms((8, 16)[k % 2], 16) for k in range(3)]
+    first, finish = replay(srv.server.settings, arrival, adapter, np.array(ins)[order],
+                           np.array(outs)[order], load)
+    np.testing.assert_allclose(first - arrival, [timing[i]["ttft_s"] for i in order], atol=1e-9)
+    np.testing.assert_allclose(finish - arrival, [timing[i]["e2e_s"] for i in order], atol=1e-9)
+
+
+def test_hundreds_of_concurrent_streams_complete(server):
+    n, k = 200, 20
+
+    async def fire():
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            async def one(i):
+                got = 0
+                async with s.post(server.url + "/v1/completions", json={
+                        "model": ("a8", "a16", "base")[i % 3], "prompt": [3] * 100,
+                        "max_tokens": k, "ignore_eos": True, "stream": True}) as r:
+                    async for line in r.content:
+                        got += line.startswith(b"data: {")
+                return got
+            return await asyncio.wait_for(asyncio.gather(*[one(i) for i in range(n)]), 25)
+
+    assert asyncio.run(fire()) == [k] * n
+    text = _get(server.url + "/metrics")[1].decode()
+    assert re.search(r"^vllm:num_requests_running\{.*\} 0\.0$", text, re.M)
+
+
+# ------------------------------------------------------------------------------ CLI
+@pytest.mark.parametrize("args,needle", [
+    (["--profile", "no-such-gpu"], "--profile"),
+    (["--enable-lora", "--lora-modules", "justaname"], "expected name=path"),
+    (["--enable-lora", "--lora-modules", "a=/no/such/dir"], "does not exist"),
+    (["--enable-lora", "--max-lora-rank", "8", "--lora-modules", "a={r16}"],
+     "greater than max_lora_rank 8"),
+    (["--enable-lora", "--lora-modules", "a={bad}"], "field 'r'"),
+    (["--lora-modules", "a={r16}"], "--enable-lora"),
+    (["--enable-lora", "--max-loras", "384", "--max-lora-rank", "32"], "no KV capacity"),
+    (["--enable-lora", "--max-loras", "8", "--max-cpu-loras", "4"], "--max-cpu-loras"),
+])
+def test_bad_cli_input_is_one_error_line(args, needle, peft_dirs, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text('{"lora_alpha": 16}')
+    args = [a.format(r16=peft_dirs[16], bad=bad) for a in args]
+    assert twin_main(["serve", *args, "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
+
+
+def test_cli_prints_the_address_and_stops_on_sigterm(peft_dirs):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "twin", "serve", "--port", "0", "--enable-lora", "--max-loras",
+         "4", "--lora-modules", f"x={peft_dirs[8]}", "--time-scale", "10"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)\n", line)
+        assert m, line
+        status, body = _post(m.group(1) + "/v1/completions",
+                             {"model": "x", "prompt": [1, 2], "max_tokens": 2,
+                              "ignore_eos": True})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
