@@ -1,4 +1,4 @@
-"""Command line of the twin: ``python -m twin run|maxpack|calibrate|serve``.
+"""Command line of the twin: ``python -m twin run|maxpack|calibrate|derive|calibrate-power|serve``.
 
 Every option is checked before the simulation starts (the message names the option and the
 bad value), output files are checked before the work, and results are printed with units and
@@ -119,6 +119,8 @@ UNITS = {
     "mean_batch_size": "requests", "max_batch_size": "requests",
     "mean_distinct_adapters": "adapters", "mean_kv_usage_frac": "fraction",
     "max_waiting": "requests", "kv_capacity_tokens": "tokens", "wall_s": "s (wall clock)",
+    "gpu_busy_frac": "fraction", "avg_power_w": "W", "energy_j": "J",
+    "joules_per_token": "J/token", "joules_per_output_token": "J/output token",
 }
 
 
@@ -206,7 +208,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     import numpy as np
 
     cfg = ServerConfig(max_loras=a.amax, max_lora_rank=a.max_lora_rank,
-                       client_max_waiting=a.client_max_waiting)
+                       client_max_waiting=a.client_max_waiting, power_cap_w=a.power_cap)
+    _check_power_cap(profile, a.power_cap)
     if a.trace:
         check_input_file(a.trace, "--trace")
         # rates are set from the window below (1 s only lets the loader skip inferring them)
@@ -251,9 +254,11 @@ def cmd_run(a: argparse.Namespace) -> int:
               "total_rate_rps": total_rate, "ranks": sorted({x.rank for x in adapters}),
               "arrivals": arrivals_text, "lengths": lengths_text, "window_s": window,
               "seed": a.seed, "trace": a.trace, "adapters_file": a.adapters_file,
-              "client_max_waiting": a.client_max_waiting}
-    print(f"configuration: profile {profile.name} ({profile.gpu}, {profile.model}); "
-          f"--max-loras (Amax) {a.amax}, --max-lora-rank {max_rank}")
+              "client_max_waiting": a.client_max_waiting, "power_cap_w": a.power_cap,
+              "derived_from": profile.derived_from.get("profile") if profile.is_derived else None}
+    cap_text = "" if a.power_cap is None else f", --power-cap {a.power_cap:g} W"
+    print(f"configuration: profile {profile.label()} ({profile.gpu}, {profile.model}); "
+          f"--max-loras (Amax) {a.amax}, --max-lora-rank {max_rank}{cap_text}")
     print(f"  workload: {len(adapters):,} adapters (ranks {', '.join(map(str, config['ranks']))}; "
           f"total {total_rate:,.4g} req/s), arrivals {arrivals_text}, lengths {lengths_text}")
     src = f"trace {a.trace}" if a.trace else (f"adapters file {a.adapters_file}" if a.adapters_file
@@ -299,7 +304,7 @@ def cmd_maxpack(a: argparse.Namespace) -> int:
         raise CliError(f"--ranks: no Amax of the grid {list(AMAX_GRID)} starts at max rank "
                        f"{max(ranks)} on profile '{profile.name}'")
     bound = sum(sum(1 for n in N_GRID if n >= x) for x in amaxes)
-    print(f"configuration: profile {profile.name} ({profile.gpu}); rates {a.rates} req/s and "
+    print(f"configuration: profile {profile.label()} ({profile.gpu}); rates {a.rates} req/s and "
           f"ranks {a.ranks} cycled over the adapters; Amax grid {amaxes}; N grid "
           f"{list(N_GRID)}; window {a.duration:g} s; seed {a.seed}", flush=True)
     with progress(total=bound, desc="maxpack (twin runs, at most)", quiet=a.quiet,
@@ -336,6 +341,90 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.to_json(out)
     print(f"wrote {out}")
+    return 0
+
+
+# ------------------------------------------------------------------------------ power, derive
+def _check_power_cap(profile: GpuProfile, cap: float | None) -> None:
+    """A cap needs a power model and must lie above the GPU's idle power."""
+    if cap is None:
+        return
+    from .power import PowerModelError, check_cap, power_model_for
+
+    pm = power_model_for(profile)
+    if pm is None:
+        raise CliError(f"--power-cap: profile '{profile.name}' has no power model (GPU "
+                       f"'{profile.gpu}' or model '{profile.model}' is not in the catalog)")
+    try:
+        check_cap(cap, pm)
+    except PowerModelError as e:
+        raise CliError(f"--power-cap: {e}") from None
+
+
+def cmd_derive(a: argparse.Namespace) -> int:
+    from .derive import derive_profile, measured_profile
+    from .gpu_catalog import gpu_spec
+    from .model_configs import model_config
+
+    out = check_output(a.out, "--out", a.force)
+    source = _load_profile(a.source)
+    try:
+        gpu = gpu_spec(a.gpu)
+    except ValueError as e:
+        raise CliError(f"--gpu: {e}") from None
+    try:
+        model = model_config(a.model)
+    except ValueError as e:
+        raise CliError(f"--model: {e}") from None
+    measured = measured_profile(gpu.id, model.id)
+    if measured is not None and measured.name != source.name:
+        print(f"note: a measured profile exists for ({gpu.id}, {model.id}): '{measured.name}'; "
+              "a measured profile always wins - use it rather than this derived one")
+    prof = derive_profile(source, gpu, model, name=a.name)
+    r = prof.derived_from["step_time_ratios"]
+    mem = prof.derived_from["memory"]
+    print(f"derived profile {prof.name} ({gpu.id}, {model.id}) from {source.name} "
+          f"({source.gpu}, {source.model}); public facts only")
+    print(f"  memory: budget {mem['budget_bytes'] / 2**30:.2f} GiB (0.9 x usable), weights "
+          f"{mem['weight_bytes'] / 2**30:.2f} GiB, reserve {mem['backbone_reserve_bytes'] / 2**30:.2f}"
+          f" GiB, KV {mem['kv_bytes_per_token']:,} B/token -> backbone "
+          f"{prof.backbone_kv_tokens:,} KV tokens; {len(prof.kv_capacity)} (max_loras, rank) "
+          f"configurations start")
+    print(f"  step time: compute x{r['compute_time'] * r['model_flops_per_token']:.3f} per token, "
+          f"memory x{r['memory_time']:.3f} per byte, weights x{r['weight_bytes']:.3f}, KV bytes "
+          f"x{r['kv_bytes_per_token']:.3f}; adapter load x{r['link_time']:.3f} (host link)")
+    print(f"  power: idle {prof.power['idle_w']:g} W, max {prof.power['max_w']:g} W "
+          f"({prof.power['source']})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.to_json(out)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_calibrate_power(a: argparse.Namespace) -> int:
+    from dataclasses import replace as dc_replace
+    from .power import PowerModelError, fit_power_model, power_model_for, read_nvidia_smi_log
+
+    out = check_output(a.out, "--out", a.force)
+    check_input_file(a.nvidia_smi, "--nvidia-smi")
+    profile = _load_profile(a.profile)
+    base = power_model_for(profile)
+    if base is None:
+        raise CliError(f"--profile: '{profile.name}' has no power model to refine (GPU "
+                       f"'{profile.gpu}' or model '{profile.model}' is not in the catalog)")
+    try:
+        fit = fit_power_model(read_nvidia_smi_log(a.nvidia_smi), base)
+    except PowerModelError as e:
+        raise CliError(str(e)) from None
+    pm = fit.model
+    print(f"fitted on {fit.n_samples} samples of {a.nvidia_smi}: idle {pm.idle_w:.1f} W, max "
+          f"{pm.max_w:.1f} W, alpha {pm.alpha:.3f}, clock exponent {pm.clock_exponent:.3f} "
+          f"({'fitted' if fit.clock_exponent_fitted else 'kept: no busy samples at reduced clocks'}"
+          f"); RMSE {fit.rmse_w:.1f} W")
+    prof = dc_replace(profile, power=pm.to_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.to_json(out)
+    print(f"wrote {out} (profile {profile.name} with the measured power model)")
     return 0
 
 
@@ -378,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=positive_float, default=None,
                    help="simulated window in seconds (default: 3600, or a trace's span)")
     r.add_argument("--seed", type=seed_type, default=0, help="workload seed (0 .. 2^32-1)")
+    r.add_argument("--power-cap", type=positive_float, default=None, metavar="W",
+                   help="GPU power cap in watts (like nvidia-smi -pl): compute-bound step terms "
+                        "slow down (twin.power); default: no cap")
     r.add_argument("--json", default=None, help="also write the configuration and every metric "
                                                 "(JSON) to this file")
     r.add_argument("--force", action="store_true", help="overwrite an existing --json file")
@@ -411,6 +503,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the simulation-consistent refit on the shared scheduler runs")
     c.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     c.set_defaults(func=cmd_calibrate)
+
+    dv = sub.add_parser("derive", help="profile for another GPU and/or base model from public facts",
+                        formatter_class=fmt, epilog=EXIT_CODES_EPILOG,
+                        description="Derive a profile from a measured one with the GPU catalog "
+                                    "(twin/data/gpus.json) and model configs "
+                                    "(twin/data/models.json): KV capacity by memory arithmetic, "
+                                    "step-time terms by FLOPs/bandwidth ratios, adapter loads by "
+                                    "host-link bandwidth (twin.derive). The result says it is "
+                                    "derived in every report.")
+    dv.add_argument("--from", dest="source", default=DEFAULT_PROFILE,
+                    help="measured source profile: a shipped name or a JSON path")
+    dv.add_argument("--gpu", required=True, help="GPU catalog id (H100-64GB, H100-80GB, "
+                                                 "A100-80GB, H200, L40S) or a JSON spec file")
+    dv.add_argument("--model", required=True, help="model config id (llama-3.1-8b-instruct, "
+                                                   "qwen-2.5-7b-instruct) or a JSON config file")
+    dv.add_argument("--name", default=None, help="profile name (default: <model>@<gpu>-derived)")
+    dv.add_argument("--out", required=True, help="profile JSON to write")
+    dv.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    dv.set_defaults(func=cmd_derive)
+
+    cp = sub.add_parser("calibrate-power", help="fit a profile's power model on an nvidia-smi log",
+                        formatter_class=fmt, epilog=EXIT_CODES_EPILOG,
+                        description="Fit P = P_idle + (P_max - P_idle) * u^alpha (u = "
+                                    "utilization.gpu) and, when the log has busy samples at "
+                                    "reduced SM clocks, the clock exponent of the cap model, on "
+                                    "a log of nvidia-smi --query-gpu=timestamp,power.draw,"
+                                    "utilization.gpu,clocks.sm --format=csv -l 1; write the "
+                                    "profile with that power model.")
+    cp.add_argument("--nvidia-smi", required=True, metavar="LOG", help="nvidia-smi CSV log")
+    cp.add_argument("--profile", default=DEFAULT_PROFILE,
+                    help="profile of the logged GPU and model: a shipped name or a JSON path")
+    cp.add_argument("--out", required=True, help="profile JSON to write")
+    cp.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    cp.set_defaults(func=cmd_calibrate_power)
 
     from .serve import cli as serve_cli      # argparse only; the server loads when it runs
     s = sub.add_parser("serve", help="OpenAI-compatible vLLM stand-in timed by the twin",

@@ -68,9 +68,31 @@ class RunMetrics:
     max_waiting: int
     kv_capacity_tokens: int
     wall_s: float = 0.0
+    # power and energy over the window (twin.power; NaN when the profile has no power model or
+    # the configuration did not start): GPU-busy fraction, average power, energy = average
+    # power x window, and energy per completed token (input + output) and per output token
+    gpu_busy_frac: float = float("nan")
+    avg_power_w: float = float("nan")
+    energy_j: float = float("nan")
+    joules_per_token: float = float("nan")
+    joules_per_output_token: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def with_energy(m: RunMetrics, gpu_busy_frac: float, avg_power_w: float,
+                completed_output_tokens: int) -> RunMetrics:
+    """``m`` with its power fields: energy = average power x window; per-token energies divide
+    it by the tokens of the requests completed in the window (NaN when none completed)."""
+    energy = avg_power_w * m.duration_s
+    total = m.throughput_tps * m.duration_s
+    d = m.to_dict()
+    d.update(gpu_busy_frac=gpu_busy_frac, avg_power_w=avg_power_w, energy_j=energy,
+             joules_per_token=energy / total if total > 0 else float("nan"),
+             joules_per_output_token=(energy / completed_output_tokens
+                                      if completed_output_tokens > 0 else float("nan")))
+    return RunMetrics(**d)
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float:

@@ -28,7 +28,12 @@ _REQUIRED = (
     "backbone_kv_tokens",
 )
 _OPTIONAL = ("fit_report", "source")
-_ALLOWED = set(_REQUIRED) | set(_OPTIONAL) | {"schema_version", "step_coef_names"}
+# optional mappings written only when non-empty, so a measured profile's JSON (and every hash
+# of it) is unchanged: ``derived_from`` marks a derived profile (twin.derive), ``power`` holds
+# its power model (twin.power)
+_OPTIONAL_IF_SET = ("derived_from", "power")
+_ALLOWED = (set(_REQUIRED) | set(_OPTIONAL) | set(_OPTIONAL_IF_SET)
+            | {"schema_version", "step_coef_names"})
 
 
 class ProfileError(ValueError):
@@ -59,12 +64,25 @@ class GpuProfile:
     backbone_kv_tokens: int
     fit_report: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
+    derived_from: dict = field(default_factory=dict)
+    power: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # validate by round-tripping through the dict validator (raises ProfileError)
         _validate(self.to_dict())
 
     # ------------------------------------------------------------------ queries
+    @property
+    def is_derived(self) -> bool:
+        """True for a profile derived from public facts (``twin.derive``), not measured."""
+        return bool(self.derived_from)
+
+    def label(self) -> str:
+        """Name for reports: says "derived profile (from ...)" when the profile is derived."""
+        if not self.derived_from:
+            return self.name
+        return f"{self.name} [derived profile (from {self.derived_from.get('profile', '?')})]"
+
     def kv_tokens(self, max_loras: int, max_lora_rank: int) -> int | None:
         """KV-cache tokens of a configuration, or None when the server would not start.
 
@@ -137,6 +155,7 @@ class GpuProfile:
             "backbone_kv_tokens": self.backbone_kv_tokens,
             "fit_report": self.fit_report,
             "source": self.source,
+            **{k: getattr(self, k) for k in _OPTIONAL_IF_SET if getattr(self, k)},
         }
 
     @classmethod
@@ -339,7 +358,7 @@ def _validate(d: Mapping[str, Any]) -> dict[str, Any]:
         lms[(a, m)] = float(v)
     out["load_ms"] = lms
 
-    for k in _OPTIONAL:
+    for k in _OPTIONAL + _OPTIONAL_IF_SET:
         v = d.get(k, {})
         if not isinstance(v, Mapping):
             raise _err(name, k, f"must be a mapping, got {type(v).__name__}")

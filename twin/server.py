@@ -34,6 +34,9 @@ class ServerConfig:
     in ``rejected_requests`` and in the offered load, not served). The shared benchmark's client
     saturates at :data:`SHARED_BENCHMARK_CLIENT_MAX_WAITING`; ``None`` means an unbounded queue
     (an open-loop client that never gives up). CLI: ``twin run --client-max-waiting N``.
+    ``power_cap_w`` is the GPU's power cap (``nvidia-smi -pl``), a configuration like Amax:
+    compute-bound step terms slow down as ``twin.power`` models (``None``: no cap).
+    CLI: ``twin run --power-cap W``.
     """
 
     max_loras: int
@@ -42,6 +45,7 @@ class ServerConfig:
     max_num_batched_tokens: int | None = None
     starvation_threshold: float = 0.9
     client_max_waiting: int | None = None
+    power_cap_w: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_loras, (int, np.integer)) or self.max_loras < 1:
@@ -51,6 +55,10 @@ class ServerConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        cap = self.power_cap_w
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                                or not np.isfinite(cap) or cap <= 0):
+            raise ValueError(f"power_cap_w must be a finite number of watts > 0, got {cap!r}")
         if not 0.0 < self.starvation_threshold <= 1.0:
             raise ValueError("starvation_threshold must be in (0, 1], got "
                              f"{self.starvation_threshold!r}")
@@ -100,6 +108,7 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
     if not (np.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration must be > 0 seconds, got {duration_s!r}")
     max_rank = resolve_max_rank(profile, adapters, config)
+    profile = profile_under_cap(profile, config)
     if len(requests) and int(requests.adapter.max()) >= len(adapters):
         raise ValueError("requests: adapter index out of range of the adapter list")
     kv_tokens = profile.kv_tokens(config.max_loras, max_rank)
@@ -128,6 +137,32 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
     return KernelRun(first_t, finish_t, stats, hist, kv_blocks, time.perf_counter() - t0)
 
 
+def profile_under_cap(profile: GpuProfile, config: ServerConfig) -> GpuProfile:
+    """The profile whose step coefficients include ``config.power_cap_w`` (``twin.power``);
+    the profile itself when neither it nor the config carries a cap."""
+    from .power import capped_profile, profile_cap
+
+    if config.power_cap_w is None and profile_cap(profile) is None:
+        return profile
+    return capped_profile(profile, config.power_cap_w)
+
+
+def _power_of_run(m: RunMetrics, profile: GpuProfile, config: ServerConfig, run: KernelRun,
+                  requests: Requests, duration_s: float) -> RunMetrics:
+    from .metrics import with_energy
+    from .power import power_model_for, run_power
+
+    pm = power_model_for(profile)
+    if pm is None:
+        return m
+    capped = profile_under_cap(profile, config)
+    from .step_time import N_DESIGN
+    rp = run_power(pm, capped.step_coef, run.stats[K.ST_DESIGN:K.ST_DESIGN + N_DESIGN],
+                   duration_s, config.power_cap_w)
+    done = (run.finish_t >= 0) & (run.finish_t <= duration_s)
+    return with_energy(m, rp.utilisation, rp.avg_power_w, int(requests.output_len[done].sum()))
+
+
 def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
                       config: ServerConfig, duration_s: float, offered_tps: float | None = None,
                       ) -> RunMetrics:
@@ -141,6 +176,7 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
     m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, run.first_t,
                         run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
                         run.kv_blocks, profile.block_size, config.starvation_threshold)
+    m = _power_of_run(m, profile, config, run, requests, duration_s)
     return _with_wall(m, run.wall_s)
 
 
