@@ -350,6 +350,27 @@ def test_hundreds_of_concurrent_streams_complete(server):
     assert re.search(r"^vllm:num_requests_running\{.*\} 0\.0$", text, re.M)
 
 
+def test_a_client_that_disconnects_is_aborted(server):
+    """As vLLM, a request whose client went away leaves the batch and frees its KV blocks."""
+    async def fire():
+        async with aiohttp.ClientSession() as s:
+            r = await s.post(server.url + "/v1/completions", json={
+                "model": "a8", "prompt": [1] * 50, "max_tokens": 100_000, "ignore_eos": True,
+                "stream": True})
+            await r.content.readline()
+            r.close()
+            for _ in range(100):
+                text = await (await s.get(server.url + "/metrics")).text()
+                if re.search(r"^vllm:num_requests_running\{.*\} 0\.0$", text, re.M):
+                    return text
+                await asyncio.sleep(0.05)
+            return text
+
+    text = asyncio.run(fire())
+    assert re.search(r"^vllm:num_requests_running\{.*\} 0\.0$", text, re.M)
+    assert re.search(r"^vllm:gpu_cache_usage_perc\{.*\} 0\.0$", text, re.M)
+
+
 # ------------------------------------------------------------------------------ CLI
 @pytest.mark.parametrize("args,needle", [
     (["--profile", "no-such-gpu"], "--profile"),

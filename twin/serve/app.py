@@ -20,7 +20,8 @@ text is the same dummy token: timing is what the twin models.
 
 Timing is twin time: a token is sent when the virtual clock reaches the end of the engine step
 that produced it; ``--time-scale X`` runs that clock X times faster than wall time. Non-streamed
-responses add ``twin_timing`` (arrival, TTFT and end-to-end latency in twin seconds).
+responses, and the usage chunk of streamed ones (``stream_options.include_usage``), add
+``twin_timing``: arrival, TTFT and end-to-end latency in twin seconds.
 """
 
 from __future__ import annotations
@@ -338,9 +339,11 @@ class TwinServer:
         return web.json_response({
             "id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": model, "choices": [choice], "usage": usage,
-            "twin_timing": {"arrival_s": req.arrival, "ttft_s": req.first_t - req.arrival,
-                            "e2e_s": req.finish_t - req.arrival,
-                            "time_scale": self.cfg.time_scale}})
+            "twin_timing": self._timing(req)})
+
+    def _timing(self, req: EngineRequest) -> dict[str, float]:
+        return {"arrival_s": req.arrival, "ttft_s": req.first_t - req.arrival,
+                "e2e_s": req.finish_t - req.arrival, "time_scale": self.cfg.time_scale}
 
     async def _stream(self, request: web.Request, req: EngineRequest, ticket: Ticket, rid: str,
                       created: int, model: str, chat: bool, usage: dict | None
@@ -380,7 +383,7 @@ class TwinServer:
         tail = b""
         if usage is not None:
             d = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                 "usage": usage}
+                 "usage": usage, "twin_timing": self._timing(req)}
             tail += b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
         await resp.write(tail + b"data: [DONE]\n\n")
         await resp.write_eof()
