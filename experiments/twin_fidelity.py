@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -77,6 +78,26 @@ def replay_run(cfg: dict, seed: int = 0, io_correlation: float | None = None) ->
     return m.to_dict()
 
 
+def _consistent_counts(runs: pd.DataFrame, path: Path) -> pd.Series:
+    """Rows whose adapter_rank_counts and rate_counts describe the same number of adapters; the
+    others cannot be replayed and are skipped with a note on stderr naming them."""
+    def total(text, key_type):
+        try:
+            return sum(parse_counts(str(text), key_type).values())
+        except ValueError:
+            return -1
+    n_rank = runs["adapter_rank_counts"].map(lambda t: total(t, int))
+    n_rate = runs["rate_counts"].map(lambda t: total(t, float))
+    good = (n_rank == n_rate) & (n_rank > 0)
+    for i in runs.index[~good]:
+        name = runs.at[i, "run_id"] if "run_id" in runs else f"row {i}"
+        print(f"note: {path}: skipped {name}: adapter_rank_counts "
+              f"{runs.at[i, 'adapter_rank_counts']!r} and rate_counts "
+              f"{runs.at[i, 'rate_counts']!r} do not describe the same adapters",
+              file=sys.stderr)
+    return good
+
+
 def run_validation(path: Path, workers: int, seed: int, io_correlation: float | None = None,
                    row_filter=None, progress: bool = True) -> pd.DataFrame:
     """Replay every ok run (``row_filter(df) -> mask`` selects a subset) and tabulate."""
@@ -87,6 +108,7 @@ def run_validation(path: Path, workers: int, seed: int, io_correlation: float | 
     ok = df[df["status"] == "ok"]
     if row_filter is not None:
         ok = ok[row_filter(ok)]
+    ok = ok[_consistent_counts(ok, path)]
     ok = ok.reset_index(drop=True)
     cfgs = ok[CONFIG_COLUMNS].to_dict("records")
     with ProcessPoolExecutor(max_workers=workers) as pool:

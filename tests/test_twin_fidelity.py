@@ -52,3 +52,14 @@ def test_latency_plot_written(tmp_path):
     out = tmp_path / "fid.png"
     _plot_latency(_table(), str(out))
     assert out.stat().st_size > 10_000
+
+
+def test_runs_whose_counts_disagree_are_skipped_with_a_note(capsys):
+    from pathlib import Path
+    from experiments.twin_fidelity import _consistent_counts
+    runs = pd.DataFrame({"run_id": ["good", "bad", "junk"],
+                         "adapter_rank_counts": ["8:2 16:2", "8:192", "x"],
+                         "rate_counts": ["0.1:4", "0.4:256", "0.1:1"]})
+    assert _consistent_counts(runs, Path("runs.csv")).tolist() == [True, False, False]
+    err = capsys.readouterr().err
+    assert "skipped bad" in err and "skipped junk" in err and "runs.csv" in err
