@@ -263,13 +263,17 @@ def read_nvidia_smi_log(path: str | Path) -> dict[str, np.ndarray]:
 def fit_power_model(log: Mapping[str, np.ndarray], base: PowerModel) -> PowerFit:
     """Fit P_idle, P_max and alpha of P = P_idle + (P_max - P_idle) u^alpha on the samples, and
     the clock exponent gamma on busy samples (u >= 0.9) whose SM clock varies (power-capped or
-    throttled phases): (P - P_idle) / (P_max - P_idle) = (f / f_max)^gamma. Without such samples
-    gamma keeps ``base``'s value. The step-term shares stay ``base``'s."""
+    throttled phases): (P - P_idle) / (P_max - P_idle) = (f / f_max)^gamma. Busy samples below
+    97 % of the top SM clock are left out of the utilisation fit. Without such samples gamma
+    keeps ``base``'s value. The step-term shares stay ``base``'s."""
     from scipy.optimize import least_squares
 
-    u = np.clip(log["util"] / 100.0, 0.0, 1.0)
-    pw = log["power"]
-    if u.max() - u.min() < 0.2:
+    u_all = np.clip(log["util"] / 100.0, 0.0, 1.0)
+    clock = log["clock"]
+    # busy samples at reduced SM clocks (capped or throttled) belong to the clock fit only
+    reduced = (u_all >= 0.9) & (clock < 0.97 * clock.max())
+    u, pw = u_all[~reduced], log["power"][~reduced]
+    if len(u) < 5 or u.max() - u.min() < 0.2:
         raise PowerModelError("--nvidia-smi: utilization.gpu spans less than 20 points; log an "
                               "idle phase and a loaded phase to fit the power curve")
 
@@ -285,11 +289,11 @@ def fit_power_model(log: Mapping[str, np.ndarray], base: PowerModel) -> PowerFit
         raise PowerModelError("--nvidia-smi: the fitted idle power is not below the fitted "
                               "maximum; the log does not show power rising with utilisation")
     gamma, fitted = base.clock_exponent, False
-    busy = u >= 0.9
-    clk = log["clock"][busy]
+    busy = u_all >= 0.9
+    clk = clock[busy]
     if busy.sum() >= 10 and clk.max() > 0 and clk.min() < 0.9 * clk.max():
         f = clk / clk.max()
-        y = (pw[busy] - idle) / (top - idle)
+        y = (log["power"][busy] - idle) / (top - idle)
         ok = (f > 0) & (y > 0)
         if ok.sum() >= 5:
             g = float(np.sum(np.log(f[ok]) * np.log(y[ok])) / np.sum(np.log(f[ok]) ** 2))
@@ -298,4 +302,4 @@ def fit_power_model(log: Mapping[str, np.ndarray], base: PowerModel) -> PowerFit
     pm = replace(base, idle_w=idle, max_w=top, alpha=min(alpha, gamma), clock_exponent=gamma,
                  source=f"fitted on an nvidia-smi log ({len(pw)} samples)")
     rmse = float(np.sqrt(np.mean(resid(np.array([idle, top, alpha])) ** 2)))
-    return PowerFit(pm, len(pw), rmse, fitted)
+    return PowerFit(pm, len(u_all), rmse, fitted)
