@@ -63,10 +63,17 @@ def test_capping_is_idempotent_and_uncapped_above_max_power():
     assert capped_profile(c300, 300.0) == c300                   # never compounds
     assert capped_profile(c300, None).step_coef == p.step_coef   # a cap can be lifted
     assert capped_profile(p, pm.max_w + 50).step_coef == p.step_coef
-    s = pm.clock_scale(300.0)
-    assert s == pytest.approx(((300 - pm.idle_w) / (pm.max_w - pm.idle_w)) ** (1 / 3))
-    for j, (a, b) in enumerate(zip(p.step_coef, c300.step_coef)):
-        assert b == pytest.approx(a / s if pm.compute_share[j] else a)
+    s = pm.clock_scale(350.0)
+    assert s == pytest.approx(((350 - pm.idle_w) / (pm.max_w - pm.idle_w)) ** (1 / 3))
+    assert pm.memory_power_w < 350.0          # so only compute-bound terms slow at 350 W
+    for j, (a, b) in enumerate(zip(p.step_coef, capped_profile(p, 350.0).step_coef)):
+        assert b == pytest.approx(a / s if pm.compute_share[j] else a, rel=1e-12)
+    # memory-bound work slows only once the cap is below its power
+    c250 = capped_profile(p, 250.0)
+    sm = pm.memory_clock_scale(250.0)
+    assert pm.memory_clock_scale(400.0) == 1.0 and sm < 1.0
+    assert c250.step_coef[3] == pytest.approx(p.step_coef[3] / sm)          # KV reads
+    assert c250.step_coef[2] == p.step_coef[2]                              # CPU term
 
 
 def test_bad_caps_are_refused():
@@ -94,7 +101,9 @@ def test_a_profile_without_power_model_reports_no_power():
 def test_power_model_validation_names_the_field():
     good = power_model_for(load_profile("llama-3.1-8b-instruct")).to_dict()
     for patch, field in (({"idle_w": 800}, "idle_w"), ({"alpha": 4.0}, "alpha"),
-                         ({"max_w": -1}, "max_w"), ({"compute_share": [2] * 13}, "compute_share")):
+                         ({"max_w": -1}, "max_w"), ({"compute_share": [2] * 13}, "compute_share"),
+                         ({"memory_power_frac": 1.5}, "memory_power_frac"),
+                         ({"compute_share": [1.0] * 13}, "compute_share")):
         with pytest.raises(PowerModelError, match=field):
             PowerModel.from_dict({**good, **patch})
 
@@ -123,6 +132,17 @@ def test_calibrate_power_recovers_a_known_model(tmp_path):
     assert fit.model.alpha == pytest.approx(1.3, abs=0.15)
     assert fit.clock_exponent_fitted and fit.model.clock_exponent == pytest.approx(2.5, abs=0.3)
     assert fit.rmse_w < 10
+
+
+def test_calibrate_power_on_a_decode_load_sets_the_memory_bound_power(tmp_path):
+    log = tmp_path / "decode.csv"
+    _synthetic_log(log, idle=90.0, top=320.0)
+    base = power_model_for(load_profile("llama-3.1-8b-instruct"))
+    fit = fit_power_model(read_nvidia_smi_log(log), base, load="decode")
+    assert fit.model.max_w == base.max_w
+    assert fit.model.memory_power_w == pytest.approx(320, abs=10)
+    with pytest.raises(PowerModelError, match="--load"):
+        fit_power_model(read_nvidia_smi_log(log), base, load="prefill")
 
 
 def test_calibrate_power_cli_writes_profile_and_rejects_bad_logs(tmp_path):

@@ -413,12 +413,13 @@ def cmd_calibrate_power(a: argparse.Namespace) -> int:
         raise CliError(f"--profile: '{profile.name}' has no power model to refine (GPU "
                        f"'{profile.gpu}' or model '{profile.model}' is not in the catalog)")
     try:
-        fit = fit_power_model(read_nvidia_smi_log(a.nvidia_smi), base)
+        fit = fit_power_model(read_nvidia_smi_log(a.nvidia_smi), base, load=a.load)
     except PowerModelError as e:
         raise CliError(str(e)) from None
     pm = fit.model
-    print(f"fitted on {fit.n_samples} samples of {a.nvidia_smi}: idle {pm.idle_w:.1f} W, max "
-          f"{pm.max_w:.1f} W, alpha {pm.alpha:.3f}, clock exponent {pm.clock_exponent:.3f} "
+    print(f"fitted on {fit.n_samples} samples of {a.nvidia_smi} ({a.load} load): idle "
+          f"{pm.idle_w:.1f} W, max {pm.max_w:.1f} W, memory-bound power {pm.memory_power_w:.1f} W"
+          f", alpha {pm.alpha:.3f}, clock exponent {pm.clock_exponent:.3f} "
           f"({'fitted' if fit.clock_exponent_fitted else 'kept: no busy samples at reduced clocks'}"
           f"); RMSE {fit.rmse_w:.1f} W")
     prof = dc_replace(profile, power=pm.to_dict())
@@ -525,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cp = sub.add_parser("calibrate-power", help="fit a profile's power model on an nvidia-smi log",
                         formatter_class=fmt, epilog=EXIT_CODES_EPILOG,
-                        description="Fit P = P_idle + (P_max - P_idle) * u^alpha (u = "
+                        description="Fit P = P_idle + (P_busy - P_idle) * u^alpha (u = "
                                     "utilization.gpu) and, when the log has busy samples at "
                                     "reduced SM clocks, the clock exponent of the cap model, on "
                                     "a log of nvidia-smi --query-gpu=timestamp,power.draw,"
@@ -534,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--nvidia-smi", required=True, metavar="LOG", help="nvidia-smi CSV log")
     cp.add_argument("--profile", default=DEFAULT_PROFILE,
                     help="profile of the logged GPU and model: a shipped name or a JSON path")
+    cp.add_argument("--load", choices=("compute", "decode"), default="compute",
+                    help="what the log's busy phase ran: a compute-bound load (sets the maximum "
+                         "power) or decode-heavy serving (sets the memory-bound power)")
     cp.add_argument("--out", required=True, help="profile JSON to write")
     cp.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     cp.set_defaults(func=cmd_calibrate_power)

@@ -2,28 +2,38 @@
 
 Form (documented, replaceable by measurements with ``python -m twin calibrate-power``):
 
-* **Utilisation** u = GPU-busy seconds / window, the quantity ``nvidia-smi`` reports as
-  ``utilization.gpu`` (the fraction of time a kernel runs). The twin knows each step's time
-  split into the terms of ``twin.step_time``; ``gpu_busy_share[j]`` is the share of term j
-  spent in GPU kernels (1 for compute and memory terms; 0 for scheduler/CPU terms c2, c4, c9;
-  for c0 the weight-read part weights / HBM bandwidth of it). Summing coefficient x the run's
-  summed design column x share gives the busy seconds, with no change to the kernel.
-* **Power vs utilisation**: P = P_idle + (P_busy - P_idle) x u^alpha, with P_busy = P_max (the
-  TDP) uncapped. The idle-plus-linear form (alpha = 1) is the standard server power model (Fan,
-  Weber, Barroso, "Power provisioning for a warehouse-sized computer", ISCA 2007,
-  https://doi.org/10.1145/1250662.1250665, which also fits an exponent); alpha is fitted from an
-  nvidia-smi log by ``calibrate-power``.
+* **Where the step time goes.** The twin knows each step's time split into the terms of
+  ``twin.step_time``. Per term j, ``compute_share[j]`` is the part spent in compute-bound GPU
+  kernels (c1 per token, c6 per token x slot, c11 per request above the knee) and
+  ``gpu_busy_share[j]`` the part spent in any GPU kernel; the difference is memory-bound work
+  (c0's weight read = weights / HBM bandwidth, c3 KV reads, c5/c7/c8 LoRA weight reads); the
+  rest is CPU (scheduler, c2, c4, c9, and c0 beyond the weight read), during which the GPU
+  idles (vLLM 0.8.5 does not overlap scheduling with the forward pass). Summing coefficient x
+  the run's summed design column x share gives the compute-bound seconds T_c and memory-bound
+  seconds T_m of a run, with no change to the kernel. ``gpu_busy_frac`` = (T_c + T_m) / window,
+  the quantity ``nvidia-smi`` reports as ``utilization.gpu``.
+* **Busy power.** Compute-bound kernels draw P_max (the TDP). Memory-bound kernels draw
+  P_mem = P_idle + ``memory_power_frac`` x (P_max - P_idle): memory-bound LLM decode draws far
+  below TDP (137-300 W on a 700 W H200 across attention types, Ma et al., "The Illusion of
+  Power Capping in LLM Decode", arXiv:2605.11999, https://arxiv.org/abs/2605.11999); the default
+  0.33 is the upper end, (300 - 105) / (700 - 105).
+* **Average power.** With u_eff = (T_c (P_c - P_idle) + T_m (P_m - P_idle)) / (window x
+  (P_max - P_idle)), P = P_idle + (P_max - P_idle) x u_eff^alpha. alpha = 1 is the idle-plus-
+  linear server power model (Fan, Weber, Barroso, "Power provisioning for a warehouse-sized
+  computer", ISCA 2007, https://doi.org/10.1145/1250662.1250665, which also fits an exponent);
+  ``calibrate-power`` fits P_idle, P_max and alpha on an nvidia-smi log.
 * **Power cap** C (``ServerConfig.power_cap_w``, ``twin run --power-cap``): the GPU lowers its
   SM clock until busy power fits. Dynamic power grows as clock^gamma (f x V^2 with V roughly
   proportional to f under DVFS: gamma = 3; fitted by ``calibrate-power`` when the log holds
-  clocks at full load), so the clock scale is s = ((C - P_idle) / (P_max - P_idle))^(1/gamma)
-  (1 when C >= P_max). Compute-bound step terms (``compute_share``: c1 per token, c6 per token
-  x slot, c11 per request above the knee) take 1/s as long; memory-bound and CPU terms do not
-  (HBM bandwidth does not follow the SM clock). Busy power at the cap is min(C, P_max).
+  busy samples at reduced clocks). Compute-bound work runs at clock scale
+  s_c = ((C - P_idle) / (P_max - P_idle))^(1/gamma) and takes 1/s_c as long, drawing C;
+  memory-bound work is untouched while C >= P_mem (the cited finding: decode caps do not
+  trigger), else it runs at s_m = ((C - P_idle) / (P_m - P_idle))^(1/gamma) and draws C
+  (conservative: HBM-bound time is assumed to follow the clock once the cap bites). CPU terms
+  never change.
 
-So a lower cap never shortens a step, and energy per unit of compute work falls as
-s^(gamma-1): the trade the literature measures (power-capped inference serving more tokens per
-joule at a modest slowdown).
+So a lower cap never shortens a step, busy power never rises, and energy per unit of capped
+work falls as s^(gamma-1).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from .step_time import LINEAR_IDX, N_STEP_COEF
 
 DEFAULT_ALPHA = 1.0
 DEFAULT_CLOCK_EXPONENT = 3.0
+DEFAULT_MEMORY_POWER_FRAC = 0.33
 # coefficient indices whose time is GPU work (c0 handled apart: its weight-read part)
 _GPU_TERMS = (1, 3, 5, 6, 7, 8, 11)
 _COMPUTE_TERMS = (1, 6, 11)
@@ -60,6 +71,7 @@ class PowerModel:
     max_w: float
     alpha: float = DEFAULT_ALPHA
     clock_exponent: float = DEFAULT_CLOCK_EXPONENT
+    memory_power_frac: float = DEFAULT_MEMORY_POWER_FRAC
     gpu_busy_share: tuple[float, ...] = tuple([0.0] * N_STEP_COEF)
     compute_share: tuple[float, ...] = tuple([0.0] * N_STEP_COEF)
     source: str = ""
@@ -67,40 +79,58 @@ class PowerModel:
     def __post_init__(self) -> None:
         _check(self.to_dict(), "power model")
 
-    def clock_scale(self, cap_w: float | None) -> float:
-        """SM clock fraction s in (0, 1] the GPU runs at under ``cap_w`` (1 uncapped)."""
-        if cap_w is None or cap_w >= self.max_w:
+    @property
+    def memory_power_w(self) -> float:
+        """Power of memory-bound kernels at full clocks."""
+        return self.idle_w + self.memory_power_frac * (self.max_w - self.idle_w)
+
+    def _scale(self, cap_w: float | None, busy_w: float) -> float:
+        if cap_w is None or cap_w >= busy_w:
             return 1.0
         check_cap(cap_w, self)
-        return ((cap_w - self.idle_w) / (self.max_w - self.idle_w)) ** (1.0 / self.clock_exponent)
+        return ((cap_w - self.idle_w) / (busy_w - self.idle_w)) ** (1.0 / self.clock_exponent)
 
-    def busy_power_w(self, cap_w: float | None = None) -> float:
-        """Power while kernels run: P_max, or the cap when it is lower."""
-        return self.max_w if cap_w is None else min(float(cap_w), self.max_w)
+    def clock_scale(self, cap_w: float | None) -> float:
+        """Clock fraction s_c in (0, 1] of compute-bound work under ``cap_w`` (1 uncapped)."""
+        return self._scale(cap_w, self.max_w)
 
-    def power_w(self, utilisation: float, cap_w: float | None = None) -> float:
-        """Average power at GPU-busy fraction ``utilisation`` (clipped to [0, 1])."""
-        u = min(max(float(utilisation), 0.0), 1.0)
-        return self.idle_w + (self.busy_power_w(cap_w) - self.idle_w) * u ** self.alpha
+    def memory_clock_scale(self, cap_w: float | None) -> float:
+        """Clock fraction s_m of memory-bound work (1 unless the cap is below P_mem)."""
+        return self._scale(cap_w, self.memory_power_w)
+
+    def memory_share(self) -> tuple[float, ...]:
+        """Per step term: the part spent in memory-bound GPU kernels."""
+        return tuple(max(b - c, 0.0) for b, c in zip(self.gpu_busy_share, self.compute_share))
+
+    def power_w(self, compute_frac: float, memory_frac: float,
+                cap_w: float | None = None) -> float:
+        """Average power when compute-bound kernels run ``compute_frac`` and memory-bound ones
+        ``memory_frac`` of the window (module docstring)."""
+        pc = self.max_w if cap_w is None else min(float(cap_w), self.max_w)
+        pm = self.memory_power_w if cap_w is None else min(float(cap_w), self.memory_power_w)
+        u = (max(compute_frac, 0.0) * (pc - self.idle_w) + max(memory_frac, 0.0)
+             * (pm - self.idle_w)) / (self.max_w - self.idle_w)
+        return self.idle_w + (self.max_w - self.idle_w) * min(u, 1.0) ** self.alpha
 
     def to_dict(self) -> dict[str, Any]:
         return {"idle_w": self.idle_w, "max_w": self.max_w, "alpha": self.alpha,
                 "clock_exponent": self.clock_exponent,
+                "memory_power_frac": self.memory_power_frac,
                 "gpu_busy_share": list(self.gpu_busy_share),
                 "compute_share": list(self.compute_share), "source": self.source}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "power model") -> "PowerModel":
         _check(d, where)
-        keep = {k: d[k] for k in ("idle_w", "max_w", "alpha", "clock_exponent", "source")
-                if k in d}
+        keep = {k: d[k] for k in ("idle_w", "max_w", "alpha", "clock_exponent",
+                                  "memory_power_frac", "source") if k in d}
         return cls(gpu_busy_share=tuple(float(x) for x in d["gpu_busy_share"]),
                    compute_share=tuple(float(x) for x in d["compute_share"]), **keep)
 
 
 def _check(d: Mapping[str, Any], where: str) -> None:
-    def num(k: str) -> float:
-        v = d.get(k)
+    def num(k: str, default: float | None = None) -> float:
+        v = d.get(k, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                 or v <= 0:
             raise PowerModelError(f"{where}: field {k!r}: must be a finite number > 0, got {v!r}")
@@ -113,12 +143,18 @@ def _check(d: Mapping[str, Any], where: str) -> None:
     if alpha > gamma:
         raise PowerModelError(f"{where}: field 'alpha': {alpha:g} must not exceed clock_exponent "
                               f"{gamma:g} (else a lower cap could raise average power)")
+    if num("memory_power_frac", DEFAULT_MEMORY_POWER_FRAC) > 1.0:
+        raise PowerModelError(f"{where}: field 'memory_power_frac': must be in (0, 1], got "
+                              f"{d.get('memory_power_frac')!r}")
     for k in ("gpu_busy_share", "compute_share"):
         v = d.get(k)
         if not isinstance(v, (list, tuple)) or len(v) != N_STEP_COEF or not all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0
                 for x in v):
             raise PowerModelError(f"{where}: field {k!r}: must be {N_STEP_COEF} numbers in [0, 1]")
+    if any(c > b for b, c in zip(d["gpu_busy_share"], d["compute_share"])):
+        raise PowerModelError(f"{where}: field 'compute_share': a term's compute share exceeds "
+                              "its gpu_busy_share")
 
 
 def check_cap(cap_w: float, pm: PowerModel) -> None:
@@ -143,8 +179,8 @@ def default_power_model(gpu: GpuSpec, model: ModelConfig, step_coef: Sequence[fl
         comp[j] = 1.0
     return PowerModel(idle_w=gpu.idle_w, max_w=gpu.tdp_w, gpu_busy_share=tuple(busy),
                       compute_share=tuple(comp),
-                      source=source or f"catalog {gpu.id} (idle_w, tdp_w); alpha and "
-                                       "clock_exponent defaults (twin.power)")
+                      source=source or f"catalog {gpu.id} (idle_w, tdp_w); alpha, clock_exponent "
+                                       "and memory_power_frac defaults (twin.power)")
 
 
 def power_model_for(profile: GpuProfile) -> PowerModel | None:
@@ -172,8 +208,9 @@ def capped_profile(profile: GpuProfile, cap_w: float | None) -> GpuProfile:
         raise PowerModelError(f"power_cap_w: profile {profile.name!r} has no power model (GPU "
                               f"{profile.gpu!r} or model {profile.model!r} is not in the catalog)")
     base = _uncapped_coef(profile)
-    s = pm.clock_scale(cap_w)
-    coef = tuple(c * (1.0 - f + f / s) for c, f in zip(base, pm.compute_share))
+    sc, sm = pm.clock_scale(cap_w), pm.memory_clock_scale(cap_w)
+    coef = tuple(c * (1.0 - fc - fm + fc / sc + fm / sm)
+                 for c, fc, fm in zip(base, pm.compute_share, pm.memory_share()))
     power = pm.to_dict()
     if cap_w is not None:
         power["cap_w"] = float(cap_w)
@@ -191,22 +228,23 @@ def profile_cap(profile: GpuProfile) -> float | None:
 class RunPower:
     """Power and energy of one simulated run."""
 
-    gpu_busy_s: float
-    utilisation: float
+    compute_busy_s: float
+    memory_busy_s: float
+    gpu_busy_frac: float
     avg_power_w: float
     energy_j: float
 
 
 def run_power(pm: PowerModel, step_coef: Sequence[float], design_sums: np.ndarray,
               duration_s: float, cap_w: float | None) -> RunPower:
-    """Power of a run from its summed step-time design columns (``twin.kernel`` stats)."""
-    coef = np.asarray(step_coef, dtype=np.float64)
-    share = np.asarray(pm.gpu_busy_share, dtype=np.float64)
+    """Power of a run from its summed step-time design columns (``twin.kernel`` stats) and
+    the coefficients it ran with."""
     idx = list(LINEAR_IDX)
-    busy_ms = float(np.sum(coef[idx] * np.asarray(design_sums, dtype=np.float64) * share[idx]))
-    u = min(max(busy_ms / 1e3 / duration_s, 0.0), 1.0)
-    p = pm.power_w(u, cap_w)
-    return RunPower(busy_ms / 1e3, u, p, p * duration_s)
+    t_ms = np.asarray(step_coef, dtype=np.float64)[idx] * np.asarray(design_sums, np.float64)
+    tc = float(np.sum(t_ms * np.asarray(pm.compute_share)[idx])) / 1e3
+    tm = float(np.sum(t_ms * np.asarray(pm.memory_share())[idx])) / 1e3
+    p = pm.power_w(tc / duration_s, tm / duration_s, cap_w)
+    return RunPower(tc, tm, min((tc + tm) / duration_s, 1.0), p, p * duration_s)
 
 
 # ------------------------------------------------------------------------ nvidia-smi calibration
@@ -260,12 +298,20 @@ def read_nvidia_smi_log(path: str | Path) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def fit_power_model(log: Mapping[str, np.ndarray], base: PowerModel) -> PowerFit:
-    """Fit P_idle, P_max and alpha of P = P_idle + (P_max - P_idle) u^alpha on the samples, and
-    the clock exponent gamma on busy samples (u >= 0.9) whose SM clock varies (power-capped or
-    throttled phases): (P - P_idle) / (P_max - P_idle) = (f / f_max)^gamma. Busy samples below
-    97 % of the top SM clock are left out of the utilisation fit. Without such samples gamma
-    keeps ``base``'s value. The step-term shares stay ``base``'s."""
+def fit_power_model(log: Mapping[str, np.ndarray], base: PowerModel,
+                    load: str = "compute") -> PowerFit:
+    """Fit P = P_idle + (P_busy - P_idle) u^alpha on the samples (u = utilization.gpu), and the
+    clock exponent gamma on busy samples (u >= 0.9) whose SM clock varies (power-capped or
+    throttled phases): (P - P_idle) / (P_busy - P_idle) = (f / f_max)^gamma. Busy samples below
+    97 % of the top SM clock are left out of the utilisation fit; without such samples gamma
+    keeps ``base``'s value.
+
+    ``load`` says what the log's busy phase ran: ``"compute"`` (a compute-bound load such as
+    long prefills or a burn test) sets P_max = P_busy; ``"decode"`` (a decode-heavy serving
+    run, memory-bound) keeps ``base``'s P_max and sets memory_power_frac = (P_busy - P_idle) /
+    (P_max - P_idle). The step-term shares stay ``base``'s."""
+    if load not in ("compute", "decode"):
+        raise PowerModelError(f"--load: must be 'compute' or 'decode', got {load!r}")
     from scipy.optimize import least_squares
 
     u_all = np.clip(log["util"] / 100.0, 0.0, 1.0)
@@ -299,7 +345,16 @@ def fit_power_model(log: Mapping[str, np.ndarray], base: PowerModel) -> PowerFit
             g = float(np.sum(np.log(f[ok]) * np.log(y[ok])) / np.sum(np.log(f[ok]) ** 2))
             if math.isfinite(g) and g > 0:
                 gamma, fitted = max(g, alpha), True
-    pm = replace(base, idle_w=idle, max_w=top, alpha=min(alpha, gamma), clock_exponent=gamma,
-                 source=f"fitted on an nvidia-smi log ({len(pw)} samples)")
+    src = f"fitted on an nvidia-smi log ({len(u_all)} samples, {load} load)"
+    if load == "compute":
+        pm = replace(base, idle_w=idle, max_w=top, alpha=min(alpha, gamma),
+                     clock_exponent=gamma, source=src)
+    else:
+        if not idle < top <= base.max_w:
+            raise PowerModelError(f"--nvidia-smi: the decode load's busy power {top:.0f} W is not "
+                                  f"between the fitted idle {idle:.0f} W and the GPU's maximum "
+                                  f"{base.max_w:.0f} W")
+        pm = replace(base, idle_w=idle, alpha=min(alpha, gamma), clock_exponent=gamma,
+                     memory_power_frac=(top - idle) / (base.max_w - idle), source=src)
     rmse = float(np.sqrt(np.mean(resid(np.array([idle, top, alpha])) ** 2)))
     return PowerFit(pm, len(u_all), rmse, fitted)

@@ -160,7 +160,7 @@ def _power_of_run(m: RunMetrics, profile: GpuProfile, config: ServerConfig, run:
     rp = run_power(pm, capped.step_coef, run.stats[K.ST_DESIGN:K.ST_DESIGN + N_DESIGN],
                    duration_s, config.power_cap_w)
     done = (run.finish_t >= 0) & (run.finish_t <= duration_s)
-    return with_energy(m, rp.utilisation, rp.avg_power_w, int(requests.output_len[done].sum()))
+    return with_energy(m, rp.gpu_busy_frac, rp.avg_power_w, int(requests.output_len[done].sum()))
 
 
 def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
