@@ -195,3 +195,17 @@ def test_cli_derive_bad_gpu_json_is_one_line(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "--gpu:" in r.stderr and "field 'bf16_dense_tflops'" in r.stderr
+
+
+def test_a_source_on_a_gpu_outside_the_catalog_needs_its_spec(tmp_path):
+    src = replace(load_profile("llama-3.1-8b-instruct"), gpu="my-h100", name="mine")
+    with pytest.raises(DeriveError, match="--from-gpu"):
+        derive_profile(src, gpu_spec("L40S"), model_config("qwen-2.5-7b-instruct"))
+    f = tmp_path / "mine.json"
+    src.to_json(f)
+    out = tmp_path / "o.json"
+    r = subprocess.run([sys.executable, "-m", "twin", "derive", "--from", str(f), "--from-gpu",
+                        "H100-64GB", "--gpu", "L40S", "--model", "qwen-2.5-7b-instruct",
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert load_profile(str(out)).derived_from["source_gpu"]["id"] == "H100-64GB"

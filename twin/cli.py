@@ -376,11 +376,22 @@ def cmd_derive(a: argparse.Namespace) -> int:
         model = model_config(a.model)
     except ValueError as e:
         raise CliError(f"--model: {e}") from None
+    src_gpu = src_model = None
+    try:
+        if a.from_gpu:
+            src_gpu = gpu_spec(a.from_gpu)
+    except ValueError as e:
+        raise CliError(f"--from-gpu: {e}") from None
+    try:
+        if a.from_model:
+            src_model = model_config(a.from_model)
+    except ValueError as e:
+        raise CliError(f"--from-model: {e}") from None
     measured = measured_profile(gpu.id, model.id)
     if measured is not None and measured.name != source.name:
         print(f"note: a measured profile exists for ({gpu.id}, {model.id}): '{measured.name}'; "
               "a measured profile always wins - use it rather than this derived one")
-    prof = derive_profile(source, gpu, model, name=a.name)
+    prof = derive_profile(source, gpu, model, src_gpu=src_gpu, src_model=src_model, name=a.name)
     r = prof.derived_from["step_time_ratios"]
     mem = prof.derived_from["memory"]
     print(f"derived profile {prof.name} ({gpu.id}, {model.id}) from {source.name} "
@@ -519,6 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "A100-80GB, H200, L40S) or a JSON spec file")
     dv.add_argument("--model", required=True, help="model config id (llama-3.1-8b-instruct, "
                                                    "qwen-2.5-7b-instruct) or a JSON config file")
+    dv.add_argument("--from-gpu", default=None,
+                    help="catalog id or JSON spec of the source profile's GPU (default: the "
+                         "catalog entry named by its 'gpu' field)")
+    dv.add_argument("--from-model", default=None,
+                    help="config id or JSON of the source profile's model (default: the config "
+                         "named by its 'model' field)")
     dv.add_argument("--name", default=None, help="profile name (default: <model>@<gpu>-derived)")
     dv.add_argument("--out", required=True, help="profile JSON to write")
     dv.add_argument("--force", action="store_true", help="overwrite an existing --out file")

@@ -207,8 +207,16 @@ def derive_profile(source: GpuProfile, gpu: GpuSpec, model: ModelConfig,
     if source.is_derived:
         raise DeriveError(f"--from {source.name}: is a derived profile; derive from a measured "
                           f"one (derived from {source.derived_from.get('profile')!r})")
-    src_gpu = src_gpu if src_gpu is not None else gpu_spec(source.gpu)
-    src_model = src_model if src_model is not None else model_config(source.model)
+    try:
+        src_gpu = src_gpu if src_gpu is not None else gpu_spec(source.gpu)
+    except ValueError as e:
+        raise DeriveError(f"--from {source.name}: its GPU {source.gpu!r} has no catalog entry "
+                          f"({e}); give its spec with --from-gpu") from None
+    try:
+        src_model = src_model if src_model is not None else model_config(source.model)
+    except ValueError as e:
+        raise DeriveError(f"--from {source.name}: its model {source.model!r} has no config "
+                          f"({e}); give it with --from-model") from None
     same = gpu.facts() == src_gpu.facts() and model.facts() == src_model.facts()
     max_len = source.max_model_len if model.facts() == src_model.facts() \
         else model.max_position_embeddings
