@@ -33,7 +33,7 @@ When ready it prints one line 'listening on http://HOST:PORT' (--port 0 picks a 
 
 EPILOG = ("example: python -m twin serve --profile llama-3.1-8b-instruct --enable-lora "
           "--max-loras 8 --max-lora-rank 16 --lora-modules a0=/path/to/peft_dir --port 0 "
-          "--time-scale 10.  Exit codes: 0 stopped by SIGTERM; 2 bad input (the message names "
+          "--time-scale 10.  exit codes: 0 stopped by SIGTERM; 2 bad input (the message names "
           "the flag, adapter or file); 130 interrupted (Ctrl-C).")
 
 
