@@ -13,6 +13,10 @@ says (``twin_timing`` of the usage chunk). Prints the request count, the most re
 the server's largest lag behind the scaled clock (``twin:virtual_clock_lag_seconds``), and the
 client-minus-twin differences (median, p95, max; twin seconds and % of the twin's value).
 The difference is the wall overhead of client + HTTP, multiplied by the time scale.
+
+``--engine-only`` skips HTTP: the same workload goes through the online engine in pure virtual
+time (:func:`twin.serve.engine.replay`), and the script prints its speed in twin seconds per
+wall second, the ceiling of ``--time-scale`` that the engine itself allows on this machine.
 """
 
 from __future__ import annotations
@@ -84,6 +88,23 @@ async def _client(url: str, schedule, scale: float, quiet: bool) -> tuple[list[d
     return results, peak, lag
 
 
+def _engine_only(a, arrival, models, ins, outs) -> int:
+    from twin.profile import load_profile
+    from twin.serve.engine import EngineSettings, replay
+
+    prof = load_profile("llama-3.1-8b-instruct")
+    settings = EngineSettings.from_profile(prof, a.max_loras, 16)
+    load = [prof.load_time_ms((8, 16)[i % 2], 16) for i in range(a.adapters)]
+    t0 = time.perf_counter()
+    first, finish = replay(settings, arrival, models, ins, outs, load)
+    wall = time.perf_counter() - t0
+    end = float(finish.max())
+    print(f"engine only: {len(arrival)} requests over {a.duration:g} twin s ({a.adapters} "
+          f"adapters x {a.rate:g} req/s, --max-loras {a.max_loras}, seed {a.seed}); all done at "
+          f"{end:.1f} twin s after {wall:.2f} wall s = {end / wall:.0f} twin s per wall second")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.twin_serve_load",
                                  description=__doc__.split("\n\n")[0])
@@ -97,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=seed_type, default=0)
     ap.add_argument("--plot", default=None, help="save client-vs-twin scatter plots here (PNG)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="time the engine alone in virtual time (no HTTP, no wall clock)")
     a = ap.parse_args(argv)
 
     rng = np.random.default_rng(a.seed)
@@ -107,6 +130,8 @@ def main(argv=None) -> int:
     models = rng.integers(0, a.adapters, n)
     schedule = [(float(t), f"a{m}", int(i), int(o)) for t, m, i, o in
                 zip(arrivals, models, ins, outs)]
+    if a.engine_only:
+        return _engine_only(a, arrivals * a.time_scale, models, ins, outs)
     with tempfile.TemporaryDirectory() as tmp:
         mods = _make_adapters(Path(tmp), a.adapters)
         proc = subprocess.Popen(
