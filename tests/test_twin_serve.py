@@ -393,6 +393,17 @@ def test_bad_cli_input_is_one_error_line(args, needle, peft_dirs, tmp_path, caps
     assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
 
 
+@pytest.mark.parametrize("field,value,needle", [
+    ("time_scale", 0.0, "time_scale"), ("time_scale", float("nan"), "time_scale"),
+    ("port", 70000, "port"), ("max_cpu_loras", 1, "max_cpu_loras"),
+    ("served_model_name", "", "served_model_name")])
+def test_serve_config_refuses_bad_values(field, value, needle):
+    kw = dict(profile=PROFILE, served_model_name="base", max_loras=4)
+    kw[field] = value
+    with pytest.raises(ValueError, match=needle):
+        ServeConfig(**kw)
+
+
 def test_cli_prints_the_address_and_stops_on_sigterm(peft_dirs):
     proc = subprocess.Popen(
         [sys.executable, "-m", "twin", "serve", "--port", "0", "--enable-lora", "--max-loras",

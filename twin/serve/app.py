@@ -69,6 +69,31 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
 
+    def __post_init__(self) -> None:
+        def bad(field: str, why: str) -> ValueError:
+            return ValueError(f"ServeConfig.{field}: {why}, got {getattr(self, field)!r}")
+
+        if not isinstance(self.served_model_name, str) or not self.served_model_name.strip():
+            raise bad("served_model_name", "must be a non-empty string")
+        for name, lo in (("max_loras", 0), ("max_lora_rank", 1), ("seed", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise bad(name, f"must be an integer >= {lo}")
+        for name in ("max_cpu_loras", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise bad(name, "must be an integer >= 1 or None")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise bad("max_cpu_loras", f"must be >= max_loras {self.max_loras}")
+        if not (isinstance(self.time_scale, (int, float)) and math.isfinite(self.time_scale)
+                and self.time_scale > 0):
+            raise bad("time_scale", "must be a finite number > 0")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) \
+                or not 0 <= self.port <= 65535:
+            raise bad("port", "must be an integer in [0, 65535]")
+        if self.lora_modules and self.max_loras == 0:
+            raise bad("lora_modules", "need LoRA enabled (max_loras >= 1)")
+
     @property
     def lora_enabled(self) -> bool:
         return self.max_loras > 0
