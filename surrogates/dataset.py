@@ -191,8 +191,9 @@ def _lengths(mean_in: float, mean_out: float):
 
 # profile fields that record where and when a profile was made, not what the twin simulates:
 # kept out of the hash so recalibrating from the same data on another machine or day (the
-# README's regenerate command) does not make trained surrogates look stale
-PROVENANCE_FIELDS = ("source", "fit_report")
+# README's regenerate command) does not make trained surrogates look stale; ``serving`` (the
+# served model id and vLLM settings, read by deployment files) does not change what is simulated
+PROVENANCE_FIELDS = ("source", "fit_report", "serving")
 
 
 def _simulated_content(d: dict) -> bytes:

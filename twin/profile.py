@@ -30,8 +30,14 @@ _REQUIRED = (
 _OPTIONAL = ("fit_report", "source")
 # optional mappings written only when non-empty, so a measured profile's JSON (and every hash
 # of it) is unchanged: ``derived_from`` marks a derived profile (twin.derive), ``power`` holds
-# its power model (twin.power)
-_OPTIONAL_IF_SET = ("derived_from", "power")
+# its power model (twin.power); ``serving`` (not simulated) names the served model id and the
+# vLLM settings the profile was calibrated with, for deployment files (optim.deploy)
+_OPTIONAL_IF_SET = ("derived_from", "power", "serving")
+# keys of ``serving``: model_id (required), and the calibration's server settings that the
+# profile's simulated fields (max_num_batched_tokens, max_num_seqs, max_model_len) do not hold
+SERVING_KEYS = {"model_id": str, "gpu_memory_utilization": float, "enable_chunked_prefill": bool,
+                "enable_prefix_caching": bool, "dtype": str, "engine": str,
+                "vllm_version": str, "source": str}
 _ALLOWED = (set(_REQUIRED) | set(_OPTIONAL) | set(_OPTIONAL_IF_SET)
             | {"schema_version", "step_coef_names"})
 
@@ -66,6 +72,7 @@ class GpuProfile:
     source: dict = field(default_factory=dict)
     derived_from: dict = field(default_factory=dict)
     power: dict = field(default_factory=dict)
+    serving: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # validate by round-tripping through the dict validator (raises ProfileError)
@@ -363,4 +370,23 @@ def _validate(d: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(v, Mapping):
             raise _err(name, k, f"must be a mapping, got {type(v).__name__}")
         out[k] = dict(v)
+    if out["serving"]:
+        _check_serving(name, out["serving"])
     return out
+
+
+def _check_serving(name: str, sv: Mapping[str, Any]) -> None:
+    """``serving``: known keys of the right type, a non-empty model id, a memory fraction in
+    (0, 1]."""
+    for k, v in sv.items():
+        want = SERVING_KEYS.get(k)
+        if want is None:
+            raise _err(name, f"serving.{k}", f"unknown key (allowed: {', '.join(SERVING_KEYS)})")
+        ok = (_is_num(v) if want is float else isinstance(v, want))
+        if not ok or (want is not bool and isinstance(v, bool)):
+            raise _err(name, f"serving.{k}", f"must be a {want.__name__}, got {v!r}")
+    if not isinstance(sv.get("model_id"), str) or not sv["model_id"].strip():
+        raise _err(name, "serving.model_id", "missing or empty (the model id vLLM loads)")
+    gmu = sv.get("gpu_memory_utilization")
+    if gmu is not None and not 0 < float(gmu) <= 1:
+        raise _err(name, "serving.gpu_memory_utilization", f"must be in (0, 1], got {gmu!r}")
