@@ -218,6 +218,18 @@ def worst_runs(df: pd.DataFrame, key: str, n: int = WORST_RUNS) -> pd.DataFrame:
     return d[cols]
 
 
+def bias_by_slots(df: pd.DataFrame, keys: tuple[str, ...] = ("tps", "itl_ms")) -> pd.DataFrame:
+    """Mean signed error (twin vs real, %) of each metric per (max_lora_rank, max_loras), with
+    the run count: a systematic trend with the slot count shows here, not in the SMAPE."""
+    d = df.copy()
+    cols = {}
+    for key in keys:
+        d[key] = 100.0 * (d[f"twin_{key}"] - d[f"real_{key}"]) / d[f"real_{key}"]
+        cols[f"{key}_bias_pct"] = (key, "mean")
+    cols["runs"] = (keys[0], "size")
+    return d.groupby(["max_lora_rank", "max_loras"]).agg(**cols).reset_index()
+
+
 def _plot_latency(df: pd.DataFrame, path: str) -> None:
     """Real vs twin for every compared metric (log axes for latencies), rank groups coloured."""
     import matplotlib
@@ -296,6 +308,8 @@ def main(argv=None) -> int:
         summary = error_summary(df)
         print()
         print(format_summary(summary))
+        print("\nmean signed error by server slots (twin vs real, %):")
+        print(bias_by_slots(df).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
         for key in ("tps", "itl_ms", "ttft_ms"):
             print(f"\nworst runs by {key} (err_pct = twin vs real, %):")
             print(worst_runs(df, key).to_string(index=False, float_format=lambda v: f"{v:.1f}"))

@@ -63,3 +63,15 @@ def test_runs_whose_counts_disagree_are_skipped_with_a_note(capsys):
     assert _consistent_counts(runs, Path("runs.csv")).tolist() == [True, False, False]
     err = capsys.readouterr().err
     assert "skipped bad" in err and "skipped junk" in err and "runs.csv" in err
+
+
+def test_bias_by_slots_is_signed_and_grouped():
+    from experiments.twin_fidelity import bias_by_slots
+    d = pd.DataFrame({"max_lora_rank": [16, 16, 16, 32], "max_loras": [8, 8, 128, 8],
+                      "real_tps": [100.0, 100.0, 100.0, 50.0], "twin_tps": [90.0, 94.0, 110.0, 50.0],
+                      "real_itl_ms": [10.0] * 4, "twin_itl_ms": [10.0, 10.0, 12.0, 9.0]})
+    b = bias_by_slots(d).set_index(["max_lora_rank", "max_loras"])
+    assert b.loc[(16, 8), "tps_bias_pct"] == pytest.approx(-8.0)
+    assert b.loc[(16, 128), "tps_bias_pct"] == pytest.approx(10.0)
+    assert b.loc[(32, 8), "itl_ms_bias_pct"] == pytest.approx(-10.0)
+    assert b.loc[(16, 8), "runs"] == 2
