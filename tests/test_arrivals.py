@@ -102,7 +102,7 @@ def _spec(**over):
              {"id": "c", "rank": 16, "rate": 1.0,
               "rate_shape": {"kind": "flash_crowd", "start_s": 100.0, "peak": 8.0,
                              "hold_s": 60.0},
-              "arrivals": {"kind": "mmpp", "calm": 1.0, "burst": 4.0, "calm_s": 20.0,
+              "arrivals": {"kind": "markov_modulated", "calm": 1.0, "burst": 4.0, "calm_s": 20.0,
                            "burst_s": 5.0}}]}
     d.update(over)
     return d
@@ -146,7 +146,7 @@ def test_trace_workload_replays_the_trace(tmp_path):
 
 
 def test_arrival_process_from_dict_knows_the_new_kinds():
-    p = arrival_process_from_dict({"kind": "mmpp", "calm": 1, "burst": 2, "calm_s": 3,
+    p = arrival_process_from_dict({"kind": "markov_modulated", "calm": 1, "burst": 2, "calm_s": 3,
                                    "burst_s": 4})
     assert isinstance(p, MarkovModulatedArrivals)
     s = arrival_process_from_dict({"kind": "shaped", "base": {"kind": "gamma", "cv": 2.0},
@@ -165,7 +165,7 @@ def test_arrival_process_from_dict_knows_the_new_kinds():
     ({"rate_shape": {"kind": "step", "at_s": [1, 2], "multipliers": [1]}},
      "workload.rate_shape.multipliers: needs len(at_s) + 1 = 3 values"),
     ({"rate_shape": {"kind": "flash_crowd", "peak": 2}}, "missing field(s) ['start_s']"),
-    ({"arrivals": {"kind": "mmpp", "calm": 1, "burst": 2, "calm_s": 0, "burst_s": 1}},
+    ({"arrivals": {"kind": "markov_modulated", "calm": 1, "burst": 2, "calm_s": 0, "burst_s": 1}},
      "workload.arrivals.calm_s: must be > 0"),
     ({"adapters": [{"id": "a", "rank": 16}]}, "workload.adapters[0]: missing field 'rate'"),
     ({"adapters": [{"id": "a", "rank": 16, "rate": 1, "active_s": [5, 2]}]},

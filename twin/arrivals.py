@@ -346,15 +346,15 @@ class MarkovModulatedArrivals:
     burst: float
     calm_s: float
     burst_s: float
-    kind = "mmpp"
+    kind = "markov_modulated"
 
     def __post_init__(self) -> None:
-        _num("mmpp.calm", self.calm, minimum=0)
-        _num("mmpp.burst", self.burst, minimum=0)
-        _num("mmpp.calm_s", self.calm_s, minimum=0, strict=True)
-        _num("mmpp.burst_s", self.burst_s, minimum=0, strict=True)
+        _num("markov_modulated.calm", self.calm, minimum=0)
+        _num("markov_modulated.burst", self.burst, minimum=0)
+        _num("markov_modulated.calm_s", self.calm_s, minimum=0, strict=True)
+        _num("markov_modulated.burst_s", self.burst_s, minimum=0, strict=True)
         if self.calm + self.burst <= 0:
-            raise WorkloadError("mmpp: calm and burst must not both be 0")
+            raise WorkloadError("markov_modulated: calm and burst must not both be 0")
 
     @property
     def burst_probability(self) -> float:
@@ -416,15 +416,15 @@ class ShapedArrivals:
 
 
 def nonstationary_from_dict(d: Any, where: str = "arrivals") -> Any:
-    """``{"kind": "mmpp", ...}`` or ``{"kind": "shaped", "base": {...}, "shape": {...}}``; any
+    """``{"kind": "markov_modulated", ...}`` or ``{"kind": "shaped", "base": {...}, "shape": {...}}``; any
     other kind goes to :func:`twin.workload.arrival_process_from_dict`."""
     if not isinstance(d, dict) or "kind" not in d:
         raise WorkloadError(f"{where}: expected an object with a 'kind' field, got {d!r}")
     kind, params = d["kind"], {k: v for k, v in d.items() if k != "kind"}
-    if kind == "mmpp":
+    if kind == "markov_modulated":
         req = {"calm", "burst", "calm_s", "burst_s"}
         if set(params) != req:
-            raise WorkloadError(f"{where}: 'mmpp' needs exactly the fields {sorted(req)}, got "
+            raise WorkloadError(f"{where}: 'markov_modulated' needs exactly the fields {sorted(req)}, got "
                                 f"{sorted(params)}")
         try:
             return MarkovModulatedArrivals(**params)
@@ -532,7 +532,7 @@ def workload_from_dict(d: Any, base_dir: str | os.PathLike = ".", where: str = "
           "duration_s": 1200,                     # required, > 0
           "lengths": {"kind": "sharegpt"},        # optional length model (twin.lengths); default ShareGPT-like
           "arrivals": {"kind": "poisson"},        # optional base process of every adapter:
-                                                  #   poisson | gamma | lognormal | rate_switching | mmpp
+                                                  #   poisson | gamma | lognormal | rate_switching | markov_modulated
           "rate_shape": {"kind": "diurnal", ...}, # optional global multiplier of time
           "adapters": [                           # either a list ...
             {"id": "a0", "rank": 16, "rate": 0.5, # rate = base rate (req/s), times the shapes
@@ -546,7 +546,7 @@ def workload_from_dict(d: Any, base_dir: str | os.PathLike = ".", where: str = "
 
     Shapes: ``diurnal`` {amplitude, period_s, phase_s}, ``step`` {at_s, multipliers},
     ``flash_crowd`` {start_s, peak, rise_s, hold_s, decay_s}, ``window`` {t_on_s, t_off_s},
-    ``product`` {of: [...]}. ``mmpp``: {calm, burst, calm_s, burst_s}.
+    ``product`` {of: [...]}. ``markov_modulated``: {calm, burst, calm_s, burst_s}.
     """
     if not isinstance(d, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(d).__name__}")

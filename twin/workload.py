@@ -418,10 +418,10 @@ ArrivalProcess = PoissonArrivals | GammaArrivals | LognormalArrivals | RateSwitc
 
 def arrival_process_from_dict(d: dict) -> ArrivalProcess:
     """Inverse of ``describe()``: ``{"kind": "poisson" | "gamma" | "lognormal" | "rate_switching",
-    ...}``; ``mmpp`` and ``shaped`` (non-stationary) are built by :mod:`twin.arrivals`."""
+    ...}``; ``markov_modulated`` and ``shaped`` (non-stationary) are built by :mod:`twin.arrivals`."""
     if not isinstance(d, dict) or "kind" not in d:
         raise ValueError(f"arrival process: expected a dict with a 'kind' field, got {d!r}")
-    if d["kind"] in ("mmpp", "shaped"):      # non-stationary processes live in twin.arrivals
+    if d["kind"] in ("markov_modulated", "shaped"):      # non-stationary processes live in twin.arrivals
         from .arrivals import nonstationary_from_dict
         return nonstationary_from_dict(d, "arrival process")
     kinds = {"poisson": (PoissonArrivals, set(), set()), "gamma": (GammaArrivals, {"cv"}, set()),
@@ -430,7 +430,7 @@ def arrival_process_from_dict(d: dict) -> ArrivalProcess:
     kind = d["kind"]
     if kind not in kinds:
         raise ValueError(f"arrival process: unknown kind {kind!r} (expected one of "
-                         f"{sorted([*kinds, 'mmpp', 'shaped'])})")
+                         f"{sorted([*kinds, 'markov_modulated', 'shaped'])})")
     cls, req, opt = kinds[kind]
     params = {k: v for k, v in d.items() if k != "kind"}
     missing = sorted(req - set(params))
