@@ -258,13 +258,16 @@ def fit_step_coef(rows: pd.DataFrame, sched_offsets: bool = SCHED_OFFSETS) -> tu
     X = rows[list(FEATURE_NAMES)]
     w = rows.weight.to_numpy(float)
     ok_s = rows.ysched.notna() & (rows.ysched > 0)
-    st1 = StepTimeModel(fit_terms=(0, 2, 9)).fit(X[ok_s], rows.ysched[ok_s], sample_weight=w[ok_s])
-    sched_coef = st1.coef_
+    # a stock vLLM logs no scheduler time (twin.harness profile): then c9 is fitted in stage 2
+    stage2_terms = STEP_FIT_TERMS if ok_s.any() else STEP_FIT_TERMS + (9,)
+    st1 = (StepTimeModel(fit_terms=(0, 2, 9)).fit(X[ok_s], rows.ysched[ok_s],
+                                                 sample_weight=w[ok_s]) if ok_s.any() else None)
+    sched_coef = st1.coef_ if st1 is not None else np.zeros(len(STEP_COEF_NAMES))
     srcs = sorted(s for s in rows.source.unique() if s.startswith("sched_")) if sched_offsets else []
     nuis = np.column_stack([(rows.source == s).to_numpy(float) for s in srcs]) if srcs else None
     best = None
     for knee in SEQ_KNEES:   # c12 by grid search, the rest by NNLS
-        m = StepTimeModel(seq_knee=knee, fit_terms=STEP_FIT_TERMS, fixed_coef=sched_coef)
+        m = StepTimeModel(seq_knee=knee, fit_terms=stage2_terms, fixed_coef=sched_coef)
         m.fit(X, rows.y, sample_weight=w, nuisance=nuis)
         p = m.predict(X) + (nuis @ m.nuisance_coef_ if srcs else 0.0)
         loss = float(np.sum((w * (p - rows.y) / rows.y) ** 2))

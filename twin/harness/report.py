@@ -1,0 +1,95 @@
+"""The verify report: JSON (everything) and Markdown (measured vs twin per GPU and in total)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from .measurement import COMPARED, ServingMetrics
+from .verify import VerifyResult, relative
+
+LABELS = {"throughput_tps": "throughput (tok/s)", "mean_ttft_ms": "mean TTFT (ms)",
+          "p50_ttft_ms": "median TTFT (ms)", "p99_ttft_ms": "p99 TTFT (ms)",
+          "mean_tpot_ms": "mean TPOT (ms)", "mean_itl_ms": "mean ITL (ms)",
+          "p99_itl_ms": "p99 ITL (ms)"}
+
+
+def report_dict(r: VerifyResult) -> dict:
+    """Everything the run measured and predicted, JSON-ready."""
+    wl = r.workload
+    return {
+        "plan": wl.plan_path, "instance": wl.instance, "server": r.server_kind,
+        "time_scale": r.time_scale, "window_s": wl.duration_s, "seed": wl.seed,
+        "workload": wl.source, "starvation_threshold": wl.threshold,
+        "requests_planned": wl.n_requests,
+        "time_unit_note": "all times are twin (GPU) time: wall-clock x time_scale",
+        "verdict": {"measured": "starved" if r.total_measured.starved else "ok",
+                    "twin": "starved" if r.total_twin.starved else "ok",
+                    "agree": r.verdict_agrees},
+        "total": {"measured": r.total_measured.to_dict(), "twin": r.total_twin.to_dict()},
+        "gpus": [{"gpu": g.gpu, "url": g.url, "max_loras": g.max_loras,
+                  "max_lora_rank": g.max_lora_rank, "adapters": g.n_adapters,
+                  "measured": g.measured.to_dict(), "twin": g.twin.to_dict(),
+                  "request_errors": g.errors, "server_kv_tokens": g.server_kv_tokens,
+                  "twin_kv_tokens": g.twin_kv_tokens,
+                  "server_preemptions": g.server_preemptions,
+                  "twin_preemptions": g.twin_preemptions,
+                  "twin_arrivals_from": g.twin_arrivals_from,
+                  "transit_ms_wall": g.transit_ms} for g in r.gpus],
+        "relative_difference": relative(r),
+    }
+
+
+def to_json(r: VerifyResult) -> str:
+    return json.dumps(report_dict(r), indent=1)
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, bool):
+        return "starved" if v else "ok"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _rows(measured: ServingMetrics, twin: ServingMetrics, rel: dict) -> list[str]:
+    rows = []
+    for k in COMPARED:
+        d = rel.get(k)
+        rows.append(f"| {LABELS[k]} | {_fmt(getattr(measured, k))} | {_fmt(getattr(twin, k))} | "
+                    f"{'-' if d is None else f'{100 * d:+.1f} %'} |")
+    rows.append(f"| verdict (90 % rule) | {_fmt(measured.starved)} | {_fmt(twin.starved)} | "
+                f"{'same' if measured.starved == twin.starved else 'DIFFERENT'} |")
+    rows.append(f"| completed / sent | {measured.completed} / {measured.sent} | "
+                f"{twin.completed} / {twin.sent} | |")
+    return rows
+
+
+def to_markdown(r: VerifyResult) -> str:
+    """Per-GPU and total tables: measured, twin on the same requests, relative difference."""
+    wl = r.workload
+    rel = relative(r)
+    head = ["| metric | measured | twin (same requests) | difference |", "|---|---|---|---|"]
+    lines = [f"# Plan verification: {wl.instance}", "",
+             f"plan `{wl.plan_path}`, {len(r.gpus)} GPUs on {r.server_kind} servers, window "
+             f"{wl.duration_s:g} s (twin time; time scale {r.time_scale:g}), workload "
+             f"{wl.source}, seed {wl.seed}, {wl.n_requests} requests planned. Verdicts: measured "
+             f"**{'starved' if r.total_measured.starved else 'ok'}**, twin "
+             f"**{'starved' if r.total_twin.starved else 'ok'}**.", "",
+             "## Total (all GPUs pooled)", "", *head,
+             *_rows(r.total_measured, r.total_twin, rel["total"]), ""]
+    for g in r.gpus:
+        lines += [f"## GPU {g.gpu}: Amax {g.max_loras}, max rank {g.max_lora_rank}, "
+                  f"{g.n_adapters} adapters ({g.url})", "", *head,
+                  *_rows(g.measured, g.twin, rel[f"gpu{g.gpu}"])]
+        kv = (f"KV capacity: server {g.server_kv_tokens} tokens, twin {g.twin_kv_tokens}; "
+              if g.server_kv_tokens is not None else f"KV capacity: twin {g.twin_kv_tokens} "
+              "tokens (server did not report it); ")
+        pre = (f"preemptions: server {g.server_preemptions:g}, twin {g.twin_preemptions}"
+               if g.server_preemptions is not None else f"preemptions: twin {g.twin_preemptions}")
+        errs = ", ".join(f"{k}: {v}" for k, v in g.errors.items()) or "none"
+        tr = (f"; transport {g.transit_ms:.2f} ms wall per request (not time-scaled)"
+              if g.transit_ms > 0 else "")
+        lines += ["", f"{kv}{pre}; request errors: {errs}; the twin replayed the "
+                  f"{g.twin_arrivals_from}{tr}.", ""]
+    return "\n".join(lines)
