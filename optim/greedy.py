@@ -447,6 +447,11 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     """Registered method ``greedy``; ``opts.extra``: ``repair`` (set by ``solve`` when
     verifying), ``surrogate`` (``fast`` default, or ``capacity``), ``compact`` (default True:
     after repair, ``optim.compaction`` takes GPUs away while the twin accepts)."""
+    if inst.uses_configurations:   # GPU types x caps: twin-measured configurations
+        from .config_greedy import solve_configurations
+        ex = opts.extra
+        return solve_configurations(inst, obj.name, bool(ex.get("repair") or ex.get("verify")),
+                                    ex.get("duration_s"), ex.get("workers"))
     t0 = time.perf_counter()
     surrogate = opts.extra.get("surrogate", "fast")
     if surrogate not in SURROGATES:
@@ -479,6 +484,6 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     return place
 
 
-register_method("greedy", greedy, objectives=("gpus", "cost"), repairs=True,
+register_method("greedy", greedy, objectives=("gpus", "cost", "energy"), repairs=True,
                 description="Maxpack first-fit decreasing with fast-surrogate testing points; "
                             "twin repair with --verify")

@@ -16,11 +16,23 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
                                                  # >= 1 type, unique names; capacity_* optional:
                                                  # constant capacity (sustained offered tok/s
                                                  # at a fixed Amax), both or neither
+               | [{"name": "a100", "gpu": "A100-80GB", "model": "llama-3.1-8b-instruct",
+                   "availability": 4, "price_per_hour": 1.3,
+                   "power_caps_w": [250, 400]}, ...],
+                                                 # a catalog GPU + base model instead of a
+                                                 # profile (twin.derive.profile_for: the measured
+                                                 # profile when shipped, else a derived one);
+                                                 # "availability" = "count" (units available);
+                                                 # power_caps_w: the caps a GPU of this type may
+                                                 # run under (each a configuration, like Amax)
+      "power_budget_w": 3000,                    # optional: sum of predicted average power
+                                                 # over the GPUs used must stay below it
       "lengths": {"mean_input": 223.0, "mean_output": 196.3}   # ShareGPT-like, rescaled
                  | {"kind": "fixed" | "clipped_normal" | "empirical" | "sharegpt", ...},
                                                  # optional; default: twin default_lengths()
       "starvation_threshold": 0.9,               # optional, in (0, 1]
-      "objective": "gpus" | {"kind": "gpus" | "cost" | "latency", "gpu_budget": 4},
+      "objective": "gpus" | {"kind": "gpus" | "cost" | "energy" | "latency",
+                             "gpu_budget": 4},
                                                  # optional, default "gpus"; latency needs
                                                  # gpu_budget (int >= 1)
       "solver": {"time_limit_s": 60, "mip_gap": 0.0, "threads": 0,
@@ -53,13 +65,15 @@ from twin.profile import GpuProfile, load_profile
 from twin.workload import Adapter, load_adapters_csv
 
 SCHEMA_VERSION = 1
-OBJECTIVE_KINDS = ("gpus", "cost", "latency")
+OBJECTIVE_KINDS = ("gpus", "cost", "latency", "energy")
 DEFAULT_THRESHOLD = 0.9
 DEFAULT_DURATION_S = 3600.0
 
 _TOP_KEYS = {"schema_version", "name", "description", "adapters", "gpus", "lengths",
-             "starvation_threshold", "objective", "solver", "duration_s", "seed"}
-_GPU_KEYS = {"name", "profile", "count", "price_per_hour", "capacity_tps", "capacity_amax"}
+             "starvation_threshold", "objective", "solver", "duration_s", "seed",
+             "power_budget_w"}
+_GPU_KEYS = {"name", "profile", "count", "price_per_hour", "capacity_tps", "capacity_amax",
+             "gpu", "model", "availability", "power_caps_w"}
 _SOLVER_KEYS = {"time_limit_s", "mip_gap", "threads", "max_repair_iterations"}
 _OBJECTIVE_KEYS = {"kind", "gpu_budget"}
 
@@ -76,8 +90,11 @@ class InstanceError(ValueError):
 
 @dataclass(frozen=True)
 class GpuType:
-    """One GPU type of the pool: instance-local ``name``, twin ``profile`` name, how many are
-    available (``count``) and the price per GPU-hour."""
+    """One GPU type of the pool: instance-local ``name``, twin ``profile`` (a shipped name or a
+    profile file), how many are available (``count``, the availability cap) and the price per
+    GPU-hour. A type given as a catalog ``gpu`` + base ``model`` keeps both (``profile`` is then
+    the measured profile or the file of the derived one, ``optim.gpu_configs.resolve_profile``);
+    ``power_caps_w`` lists the caps its GPUs may run under (empty: uncapped only)."""
 
     name: str
     profile: str
@@ -85,6 +102,9 @@ class GpuType:
     price_per_hour: float
     capacity_tps: float | None = None
     capacity_amax: int | None = None
+    gpu: str | None = None
+    model: str | None = None
+    power_caps_w: tuple[float, ...] = ()
 
     @property
     def constant_capacity(self) -> bool:
@@ -130,6 +150,15 @@ class Instance:
     seed: int = 0
     description: str = ""
     source: str | None = None
+    power_budget_w: float | None = None
+
+    @property
+    def uses_configurations(self) -> bool:
+        """True when placement needs the (type, cap, Amax) configuration index
+        (``optim.gpu_configs``): a type named by catalog GPU + model, power caps, a power
+        budget or the energy objective. Other instances keep the surrogate-based methods."""
+        return (self.power_budget_w is not None or self.objective.kind == "energy"
+                or any(t.gpu is not None or t.power_caps_w for t in self.gpu_types))
 
     @property
     def mean_tokens(self) -> float:
@@ -164,16 +193,22 @@ class Instance:
             d["description"] = self.description
         d["adapters"] = adapters_csv if adapters_csv is not None else [
             {"id": a.id, "rank": a.rank, "rate": a.rate} for a in self.adapters]
-        d["gpus"] = [{"name": t.name, "profile": t.profile, "count": t.count,
-                      "price_per_hour": t.price_per_hour,
+        d["gpus"] = [{"name": t.name,
+                      **({"profile": t.profile} if t.gpu is None
+                         else {"gpu": t.gpu, "model": t.model}),
+                      "count": t.count, "price_per_hour": t.price_per_hour,
                       **({"capacity_tps": t.capacity_tps, "capacity_amax": t.capacity_amax}
-                         if t.constant_capacity else {})} for t in self.gpu_types]
+                         if t.constant_capacity else {}),
+                      **({"power_caps_w": list(t.power_caps_w)} if t.power_caps_w else {})}
+                     for t in self.gpu_types]
         d["lengths"] = dict(self.lengths_spec) if self.lengths_spec is not None \
             else self.lengths.to_dict()
         d["starvation_threshold"] = self.starvation_threshold
         d["objective"] = obj
         if solver:
             d["solver"] = solver
+        if self.power_budget_w is not None:
+            d["power_budget_w"] = self.power_budget_w
         d["duration_s"] = self.duration_s
         d["seed"] = self.seed
         return d
@@ -280,17 +315,17 @@ def _gpu_types(src: str, v: Any) -> tuple[GpuType, ...]:
         if not isinstance(g, dict):
             raise InstanceError(src, path, f"must be an object, got {g!r}")
         _unknown(src, path, g, _GPU_KEYS)
-        _missing(src, path, g, ("name", "profile", "count"))
+        _missing(src, path, g, ("name",))
         name = _str(src, f"{path}.name", g["name"])
         if any(t.name == name for t in out):
             raise InstanceError(src, f"{path}.name", f"duplicate GPU type name '{name}'")
-        prof_name = _str(src, f"{path}.profile", g["profile"])
-        try:
-            prof = load_profile(prof_name)
-        except (OSError, ValueError) as e:
-            raise InstanceError(src, f"{path}.profile", f"cannot load profile '{prof_name}' "
-                                                        f"({e})") from None
-        count = _int(src, f"{path}.count", g["count"], 1)
+        prof_name, prof, gpu_id, model_id = _type_profile(src, path, g)
+        if ("count" in g) == ("availability" in g):
+            raise InstanceError(src, f"{path}.count", "give exactly one of 'count' and "
+                                "'availability' (the units of this type available)")
+        key = "count" if "count" in g else "availability"
+        count = _int(src, f"{path}.{key}", g[key], 1)
+        caps = _power_caps(src, f"{path}.power_caps_w", g.get("power_caps_w"), prof)
         price = _num(src, f"{path}.price_per_hour", g.get("price_per_hour", 1.0), lo=0.0)
         cap_tps = cap_amax = None
         if ("capacity_tps" in g) != ("capacity_amax" in g):
@@ -304,12 +339,72 @@ def _gpu_types(src: str, v: Any) -> tuple[GpuType, ...]:
                 raise InstanceError(src, f"{path}.capacity_amax",
                                     f"no configuration with Amax {cap_amax} starts on profile "
                                     f"'{prof_name}' (no KV-capacity entry at any rank)")
+        if caps and cap_tps is not None:
+            raise InstanceError(src, f"{path}.power_caps_w", "a constant-capacity type "
+                                "(capacity_tps) cannot list power caps")
         models[name] = prof.model
-        out.append(GpuType(name, prof_name, count, price, cap_tps, cap_amax))
+        out.append(GpuType(name, prof_name, count, price, cap_tps, cap_amax, gpu_id, model_id,
+                           caps))
     if len(set(models.values())) > 1:
         raise InstanceError(src, "gpus", "all GPU types must serve the same base model, got "
                             + ", ".join(f"{k}: {m}" for k, m in models.items()))
     return tuple(out)
+
+
+def _type_profile(src: str, path: str, g: Mapping[str, Any]
+                  ) -> tuple[str, GpuProfile, str | None, str | None]:
+    """(profile string, profile, catalog GPU id, model id) of one GPU type: a ``profile``, or a
+    catalog ``gpu`` + base ``model`` (measured profile when shipped, else derived)."""
+    has_gpu = "gpu" in g or "model" in g
+    if has_gpu == ("profile" in g):
+        raise InstanceError(src, f"{path}.profile", "give either 'profile' or both 'gpu' (a "
+                            "catalog GPU id) and 'model' (a base-model id)")
+    if not has_gpu:
+        prof_name = _str(src, f"{path}.profile", g["profile"])
+        try:
+            return prof_name, load_profile(prof_name), None, None
+        except (OSError, ValueError) as e:
+            raise InstanceError(src, f"{path}.profile", f"cannot load profile '{prof_name}' "
+                                                        f"({e})") from None
+    _missing(src, path, g, ("gpu", "model"))
+    gpu_id = _str(src, f"{path}.gpu", g["gpu"])
+    model_id = _str(src, f"{path}.model", g["model"])
+    from twin.gpu_catalog import CatalogError, gpu_ids
+    from twin.model_configs import ModelConfigError, model_config
+    if gpu_id not in gpu_ids():
+        raise InstanceError(src, f"{path}.gpu", f"unknown GPU {gpu_id!r} (catalog: "
+                                                f"{', '.join(gpu_ids())})")
+    try:
+        model_config(model_id)
+    except ModelConfigError as e:
+        raise InstanceError(src, f"{path}.model", str(e)) from None
+    from .gpu_configs import resolve_profile
+    try:
+        prof_name = resolve_profile(gpu_id, model_id)
+        return prof_name, load_profile(prof_name), gpu_id, model_id
+    except (OSError, ValueError, CatalogError) as e:
+        raise InstanceError(src, f"{path}.gpu", f"no profile for {model_id} on {gpu_id} "
+                                                f"({e})") from None
+
+
+def _power_caps(src: str, path: str, v: Any, prof: GpuProfile) -> tuple[float, ...]:
+    """Validated caps (W): finite, above the GPU's idle power, at most its maximum, unique."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not v:
+        raise InstanceError(src, path, f"must be a non-empty list of watts, got {v!r}")
+    from twin.power import power_model_for
+    pm = power_model_for(prof)
+    if pm is None:
+        raise InstanceError(src, path, f"profile '{prof.name}' has no power model (GPU "
+                                       f"{prof.gpu!r} is not in the catalog)")
+    caps = []
+    for i, c in enumerate(v):
+        c = _num(src, f"{path}[{i}]", c, lo=pm.idle_w, lo_open=True, hi=pm.max_w)
+        if c in caps:
+            raise InstanceError(src, f"{path}[{i}]", f"duplicate cap {c:g} W")
+        caps.append(c)
+    return tuple(sorted(caps))
 
 
 def _lengths(src: str, v: Any) -> tuple[LengthModel, Mapping[str, Any] | None]:
@@ -408,9 +503,21 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
     seed = _int(src, "seed", d.get("seed", 0), 0)
     if seed > SEED_MAX:
         raise InstanceError(src, "seed", f"must be <= {SEED_MAX}, got {seed}")
+    budget_w = d.get("power_budget_w")
+    if budget_w is not None:
+        budget_w = _num(src, "power_budget_w", budget_w, lo=0.0, lo_open=True)
+    if objective.kind == "latency" and (budget_w is not None or any(
+            t.gpu is not None or t.power_caps_w for t in gpu_types)):
+        raise InstanceError(src, "objective.kind", "'latency' is not supported with catalog GPU "
+                            "types, power caps or a power budget (use gpus, cost or energy)")
+    if (objective.kind == "energy" or budget_w is not None) and any(
+            t.constant_capacity for t in gpu_types):
+        raise InstanceError(src, "gpus", "energy and power budgets need twin-measured "
+                            "configurations; remove capacity_tps/capacity_amax")
     return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
                     lengths_spec=spec, starvation_threshold=thr, objective=objective,
-                    solver=solver, duration_s=dur, seed=seed, description=desc, source=source)
+                    solver=solver, duration_s=dur, seed=seed, description=desc, source=source,
+                    power_budget_w=budget_w)
 
 
 def check_twin_window(adapters: Sequence[Adapter], n_gpus: int, duration_s: float) -> None:

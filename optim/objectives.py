@@ -9,6 +9,11 @@ one should draw types from a heterogeneous pool).
   (ties: cheaper first).
 * ``cost`` — Σ price per hour over the GPUs used (heterogeneous types); opens the type with the
   lowest price per unit of backbone capacity first.
+* ``energy`` — joules per hour of the fleet at the placement's load: 3600 x Σ_g average power
+  of GPU g, the twin's (``twin.power``, each GPU with its own profile and cap) when verified,
+  else the method's prediction (``inf`` when neither has a power); opens the type with the most
+  backbone capacity per watt of TDP first. Needs the configuration index
+  (``optim.gpu_configs``); a power budget (``power_budget_w``) is a constraint, not an objective.
 * ``latency`` — load-weighted mean inter-token latency Σ_g offered_g · ITL_g / Σ_g offered_g,
   within ``gpu_budget`` GPUs (``inf`` beyond it). ITL comes from the twin-verified metrics when
   present, else from the method's prediction (``inf`` when neither has an ITL).
@@ -22,6 +27,8 @@ method is run on an unsupported objective only to *report* the value, never to t
 | random, dlora, loraserve   | yes  | yes  | yes     | fixed fleet: given size, or ``gpu_budget``   |
 | greedy                     | yes  | yes  | no      | Maxpack packing with the surrogate; type     |
 |                            |      |      |         | chosen by load (gpus) or load per $ (cost)   |
+|                            |      |      |         | energy (and any instance with catalog types, |
+|                            |      |      |         | caps or a power budget): optim.config_greedy |
 | milp, cpsat               | yes  | yes  | yes     | exact (``optim.exact``); latency: per-piece  |
 |                            |      |      |         | ITL table from the ITL model, GPU budget     |
 | auto                       | yes  | yes  | small   | cpsat when small, else greedy (or maxbase)   |
@@ -108,6 +115,34 @@ class LatencyObjective:
         return _by_capacity(inst)
 
 
+@dataclass(frozen=True)
+class EnergyObjective:
+    """Lowest fleet energy per hour (J/h) at the placement's load."""
+
+    name: str = "energy"
+
+    def value(self, placement: Placement) -> float:
+        if not placement.gpus:
+            return math.inf
+        total = 0.0
+        for g in placement.gpus:
+            m = g.verified if g.verified is not None and g.verified.avg_power_w is not None \
+                else g.predicted
+            if m is None or m.avg_power_w is None:
+                return math.inf
+            total += m.avg_power_w
+        return 3600.0 * total
+
+    def gpu_preference(self, inst: Instance) -> list[GpuType]:
+        from twin.power import power_model_for
+        score = {}
+        for t in inst.gpu_types:
+            pm = power_model_for(t.load_profile())
+            watts = pm.max_w if pm is not None else math.inf
+            score[t.name] = backbone_max_throughput(t.profile, inst.lengths) / watts
+        return sorted(inst.gpu_types, key=lambda t: (-score[t.name], t.price_per_hour, t.name))
+
+
 def make_objective(inst: Instance, kind: str | None = None, gpu_budget: int | None = None
                    ) -> Objective:
     """The objective object for ``kind`` (default: the instance's), with the instance's prices and
@@ -123,4 +158,6 @@ def make_objective(inst: Instance, kind: str | None = None, gpu_budget: int | No
             raise ValueError("objective 'latency' needs a GPU budget (objective.gpu_budget in "
                              "the instance, or --gpu-budget)")
         return LatencyObjective(int(budget))
-    raise ValueError(f"unknown objective {kind!r} (expected gpus, cost or latency)")
+    if kind == "energy":
+        return EnergyObjective()
+    raise ValueError(f"unknown objective {kind!r} (expected gpus, cost, energy or latency)")

@@ -41,13 +41,15 @@ class GpuMetrics:
     memory_error: bool
     mean_itl_ms: float | None = None
     mean_ttft_ms: float | None = None
+    avg_power_w: float | None = None
 
     @classmethod
     def from_run(cls, m: RunMetrics) -> "GpuMetrics":
         def num(x: float) -> float | None:
             return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
         return cls(float(m.offered_tps), float(m.throughput_tps), bool(m.starved),
-                   bool(m.memory_error), num(m.mean_itl_ms), num(m.mean_ttft_ms))
+                   bool(m.memory_error), num(m.mean_itl_ms), num(m.mean_ttft_ms),
+                   num(getattr(m, "avg_power_w", None)))
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,7 @@ class GpuPlan:
     offered_tps: float
     predicted: GpuMetrics | None = None
     verified: GpuMetrics | None = None
+    power_cap_w: float | None = None
 
     @property
     def n_adapters(self) -> int:
@@ -74,7 +77,8 @@ class GpuPlan:
 
     def server_config(self, starvation_threshold: float = 0.9) -> ServerConfig:
         return ServerConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
-                            starvation_threshold=starvation_threshold)
+                            starvation_threshold=starvation_threshold,
+                            power_cap_w=self.power_cap_w)
 
     def twin_assignment(self, starvation_threshold: float = 0.9) -> GpuAssignment:
         """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``)."""
@@ -90,6 +94,7 @@ class GpuPlan:
                          for a, s in self.adapters],
             "predicted": asdict(self.predicted) if self.predicted else None,
             "verified": asdict(self.verified) if self.verified else None,
+            **({"power_cap_w": self.power_cap_w} if self.power_cap_w is not None else {}),
         }
 
     @classmethod
@@ -99,7 +104,8 @@ class GpuPlan:
                          for x in d["adapters"]),
                    float(d["offered_tps"]),
                    GpuMetrics(**d["predicted"]) if d.get("predicted") else None,
-                   GpuMetrics(**d["verified"]) if d.get("verified") else None)
+                   GpuMetrics(**d["verified"]) if d.get("verified") else None,
+                   d.get("power_cap_w"))
 
 
 @dataclass(frozen=True)
