@@ -17,8 +17,10 @@ value (cheapest, lowest power, ...) while units of that type remain. With a powe
 then move to lower-power configurations (largest saving first) until the predicted power fits;
 a placement that cannot fit is not returned.
 
-Portfolio. The fill runs on the whole pool and on each single type; the best plan by the
-objective is kept, so the mixed greedy never does worse than the best homogeneous greedy plan.
+Portfolio. The fill runs on the whole pool and on each single type, each ranked by the
+objective's efficiency and by load alone (the most load per GPU: packing tightly can be the only
+way to fit a scarce pool); the best plan by the objective is kept, so the mixed greedy never
+does worse than the best homogeneous greedy plan.
 
 Twin loop. With verification, every GPU is replayed with its own profile and cap. A rejected
 GPU's configuration has its capacity cut below the load it failed at (0.97 x) and the greedy
@@ -189,13 +191,18 @@ def plan_configurations(inst: Instance, configs: Sequence[GpuConfig], kind: str,
     cfgs = [c for c in configs if c.gpu_type in allowed]
     avail = {t.name: t.count for t in inst.gpu_types if t.name in allowed}
     loads = [inst.load_tps(a) for a in inst.adapters]
-    bins = fill_plan(cfgs, inst.adapters, loads, avail, kind)
-    if bins is None:
-        return None
-    bins = refit(bins, cfgs, inst.adapters, loads, avail, kind)
-    if inst.power_budget_w is not None:
-        bins = fit_power_budget(bins, cfgs, inst.adapters, loads, avail, inst.power_budget_w)
-    return bins
+    best = None
+    for rank_by in dict.fromkeys((kind, "gpus")):
+        bins = fill_plan(cfgs, inst.adapters, loads, avail, rank_by)
+        if bins is None:
+            continue
+        bins = refit(bins, cfgs, inst.adapters, loads, avail, kind)
+        if inst.power_budget_w is not None:
+            bins = fit_power_budget(bins, cfgs, inst.adapters, loads, avail, inst.power_budget_w)
+        if bins is not None and (best is None or plan_value(kind, bins, loads)
+                                 < plan_value(kind, best, loads)):
+            best = bins
+    return best
 
 
 def best_plan(inst: Instance, configs: Sequence[GpuConfig], kind: str,
