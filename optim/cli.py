@@ -31,7 +31,8 @@ from .methods import MethodOptions, get_method, method_names, solve
 
 UNITS_NOTE = ("units: offered, pred_tps, twin_tps in tok/s (input+output tokens per second); "
               "objective[gpus] in GPUs, objective[cost] in $/hour (sum of price_per_hour), "
-              "objective[latency] in ms (load-weighted mean inter-token latency); wall times in s")
+              "objective[latency] in ms (load-weighted mean inter-token latency), "
+              "objective[energy] in J/hour (3600 x the GPUs' average power); wall times in s")
 
 
 def _vllm_payload(inst, a: argparse.Namespace, p) -> dict:
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "twin, print the per-GPU table and a summary.")
     s.add_argument("instance", help="instance JSON file")
     s.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
-    s.add_argument("--objective", choices=("gpus", "cost", "latency"), default=None,
+    s.add_argument("--objective", choices=("gpus", "cost", "latency", "energy"), default=None,
                    help="default: the instance's objective")
     s.add_argument("--time-limit", type=float_above(0.0), default=None, metavar="S",
                    help="time limit of searching methods (milp, cpsat, auto) in seconds "

@@ -447,7 +447,7 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     """Registered method ``greedy``; ``opts.extra``: ``repair`` (set by ``solve`` when
     verifying), ``surrogate`` (``fast`` default, or ``capacity``), ``compact`` (default True:
     after repair, ``optim.compaction`` takes GPUs away while the twin accepts)."""
-    if inst.uses_configurations:   # GPU types x caps: twin-measured configurations
+    if inst.uses_configurations or obj.name == "energy":   # types x caps: twin-measured
         from .config_greedy import solve_configurations
         ex = opts.extra
         return solve_configurations(inst, obj.name, bool(ex.get("repair") or ex.get("verify")),

@@ -25,7 +25,7 @@ AUTO_MAX_GPUS = 16
 def _run(solver: str, name: str):
     def fn(inst: Instance, objective, options: MethodOptions) -> Placement:
         ex = options.extra
-        if inst.uses_configurations:     # GPU types x caps: the configuration template model
+        if inst.uses_configurations or objective.name == "energy":   # template model
             if solver != "cpsat":
                 return Placement(inst.name, name, "failed", notes=(
                     f"{name}: instances with catalog GPU types, power caps, a power budget or "
