@@ -129,7 +129,7 @@ def test_affinity_loads_fewer_adapters_than_uniform_under_zipf():
 
 
 def _snap(g, outstanding, resident=False, speed=20.0):
-    return GpuSnapshot(g, outstanding, outstanding, 0, 0.1, resident, 0, 4, 8, 16, speed)
+    return GpuSnapshot(g, outstanding, outstanding, 0, 0.1, resident, 0, 4, 4, 8, 16, speed)
 
 
 def test_learned_router_falls_back_when_cold_and_out_of_range():

@@ -195,8 +195,9 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
     sent_at_pre = [0] * n_gpu
     # per GPU, per adapter: outstanding requests (for the affinity features)
     aout: list[dict[int, int]] = [dict() for _ in range(n_gpu)]
+    active = [0] * n_gpu               # adapters with a request outstanding, per GPU
     labels: list[tuple[float, int, float]] = []   # heap of (t_first_token, request index, ttft)
-    learns = bool(getattr(router, "learns", False))     # wants TTFT labels: advance every GPU
+    learns = bool(getattr(router, "learns", False))     # wants TTFT labels
 
     n = len(requests)
     gpu_of = np.full(n, -1, np.int64)
@@ -234,6 +235,8 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
             d = aout[g]
             for req in fin:
                 d[req.adapter] -= 1
+                if d[req.adapter] == 0:
+                    active[g] -= 1
 
     def snapshot(g: int, t: float, adapter: int) -> GpuSnapshot:
         core = cores[g]
@@ -247,7 +250,8 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
         lru = core.slots.lru
         gp = plan.gpus[g]
         return GpuSnapshot(g, routed[g] - finished_seen[g], running, waiting, used / kv_total[g],
-                           adapter in lru, aout[g].get(adapter, 0), len(lru), gp.max_loras,
+                           adapter in lru, aout[g].get(adapter, 0), active[g], len(lru),
+                           gp.max_loras,
                            gp.max_lora_rank, speed[g])
 
     bar = None
@@ -261,7 +265,7 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
             break
         a = int(a_idx[i])
         homes = plan.homes[a]
-        for g in homes if not learns else range(n_gpu):
+        for g in homes:     # other GPUs catch up when they next matter (labels wait in time order)
             advance(g, t)
         for g in homes:
             settle(g, t)
@@ -278,7 +282,9 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
                                      t, tag=i)
         gpu_of[i] = g
         routed[g] += 1
-        aout[g][a] = aout[g].get(a, 0) + 1
+        k = aout[g].get(a, 0)
+        aout[g][a] = k + 1
+        active[g] += k == 0
         if bar is not None and i % 500 == 0:
             bar.update(500)
     for g in range(n_gpu):

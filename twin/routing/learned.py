@@ -11,13 +11,15 @@ waited longer than most observed TTFTs without a first token are added as censor
 finish.
 
 Routing: the home with the lowest predicted TTFT; with probability ``explore`` a home at random
-(seeded). It falls back to the affinity + load scorer while it has fewer than ``min_samples``
+(seeded) among those predicted within ``explore_within`` (log TTFT, default log 2: at most twice
+the best) — exploration that stays out of the TTFT tail it is judged on. It falls back to the affinity + load scorer while it has fewer than ``min_samples``
 samples and whenever a candidate's features lie outside the training range (by more than
 ``ood_margin`` of the range): a model is not trusted out of distribution.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Sequence
 
@@ -27,14 +29,14 @@ from .policies import AffinityLoadRouter, _Seeded
 from .snapshot import GpuSnapshot, RouteRequest
 
 FEATURE_NAMES = ("outstanding", "waiting", "running", "kv_used_frac", "warm",
-                 "adapter_outstanding", "slot_fill", "speed_ms", "input_len")
+                 "adapter_outstanding", "active_fill", "speed_ms", "input_len")
 
 
 def raw_features(s: GpuSnapshot, request: RouteRequest) -> np.ndarray:
     """The snapshot features of one candidate GPU (order: :data:`FEATURE_NAMES`)."""
     warm = 1.0 if (s.resident or s.adapter_outstanding > 0) else 0.0
     return np.array([s.outstanding, s.waiting, s.running, s.kv_used_frac, warm,
-                     s.adapter_outstanding, s.n_resident / max(s.max_loras, 1), s.speed_ms,
+                     s.adapter_outstanding, s.active_adapters / max(s.max_loras, 1), s.speed_ms,
                      request.input_len], dtype=np.float64)
 
 
@@ -44,10 +46,12 @@ def design(raw: np.ndarray) -> np.ndarray:
     out, wait, run, kv, warm, aout, fill, speed, inp = raw.T
     sp = speed / 1000.0
     cold = 1.0 - warm
+    full = np.maximum(fill - 1.0 + 1e-9, 0.0) > 0      # every slot busy: a cold adapter queues
     return np.column_stack([
         np.log1p(out), np.log1p(wait), np.log1p(run), kv, kv * kv, cold, cold * np.log1p(wait),
-        fill, np.log(speed), out * sp, wait * sp, np.log1p(out * sp), np.log1p(wait * sp),
-        np.minimum(aout, 8.0), inp / 1000.0])
+        fill, cold * fill, cold * full, cold * np.maximum(fill - 1.0, 0.0), np.log(speed),
+        out * sp, wait * sp, np.log1p(out * sp), np.log1p(wait * sp), np.minimum(aout, 8.0),
+        inp / 1000.0])
 
 
 class LearnedRouter(_Seeded):
@@ -57,8 +61,9 @@ class LearnedRouter(_Seeded):
     learns = True
 
     def __init__(self, seed: int, refit_every: int = 100, min_samples: int = 200,
-                 window: int = 5000, explore: float = 0.05, ood_margin: float = 0.1,
-                 alpha: float = 1.0, miss_penalty: float = 8.0) -> None:
+                 window: int = 5000, explore: float = 0.02, ood_margin: float = 0.1,
+                 alpha: float = 1.0, miss_penalty: float = 8.0,
+                 explore_within: float = math.log(2.0)) -> None:
         super().__init__(seed)
         for name, v, lo in (("refit_every", refit_every, 1), ("min_samples", min_samples, 2),
                             ("window", window, 2)):
@@ -70,6 +75,9 @@ class LearnedRouter(_Seeded):
             raise ValueError(f"learned router ood_margin: must be >= 0, got {ood_margin!r}")
         self.refit_every, self.min_samples, self.window = int(refit_every), int(min_samples), int(window)
         self.explore, self.ood_margin, self.alpha = float(explore), float(ood_margin), float(alpha)
+        if not (np.isfinite(explore_within) and explore_within >= 0):
+            raise ValueError(f"learned router explore_within: must be >= 0, got {explore_within!r}")
+        self.explore_within = float(explore_within)
         self.fallback = AffinityLoadRouter(int(self.rng.integers(2**32)), miss_penalty)
         self._x: deque[np.ndarray] = deque(maxlen=self.window)
         self._y: deque[float] = deque(maxlen=self.window)
@@ -92,14 +100,16 @@ class LearnedRouter(_Seeded):
         elif np.any(feats < self._lo) or np.any(feats > self._hi):
             self.decisions["fallback_ood"] += 1
             k = self._index(self.fallback.route(request, snapshots), snapshots)
-        elif self.rng.random() < self.explore:
-            self.decisions["explore"] += 1
-            k = int(self.rng.integers(len(snapshots)))
         else:
-            self.decisions["model"] += 1
             pred = design(feats) @ self._coef + self._intercept
-            best = np.flatnonzero(pred <= pred.min() + 1e-12)
-            k = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
+            near = np.flatnonzero(pred <= pred.min() + self.explore_within)
+            if len(near) > 1 and self.rng.random() < self.explore:
+                self.decisions["explore"] += 1
+                k = int(self.rng.choice(near))
+            else:
+                self.decisions["model"] += 1
+                best = np.flatnonzero(pred <= pred.min() + 1e-12)
+                k = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
         self._pending[request.index] = (feats[k], request.arrival_s)
         return snapshots[k].gpu
 

@@ -4,7 +4,9 @@ A snapshot holds what a gateway can know at the arrival time: the gateway's own 
 requests it sent to the GPU and that have not finished (``outstanding``; a completion is known
 when the step that produced the last token ends), and the server's scheduler state as of its
 last step boundary (vLLM publishes its stats once per step): running and waiting requests, KV
-blocks in use, the adapters in GPU slots. ``speed_ms`` is the GPU's step time for a reference
+blocks in use, the adapters in GPU slots. ``active_adapters`` (distinct adapters with requests
+outstanding, gateway side) against ``max_loras`` says whether a cold adapter can get a slot at
+once (a batch holds at most ``max_loras`` distinct adapters). ``speed_ms`` is the GPU's step time for a reference
 batch (64 decodes of 400-token contexts), which tells GPU types apart.
 """
 
@@ -43,6 +45,7 @@ class GpuSnapshot:
     kv_used_frac: float
     resident: bool              # the request's adapter is in a GPU slot
     adapter_outstanding: int    # requests of the same adapter outstanding on this GPU
+    active_adapters: int        # distinct adapters with requests outstanding on this GPU
     n_resident: int             # adapters in GPU slots
     max_loras: int
     max_lora_rank: int
