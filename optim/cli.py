@@ -1,4 +1,6 @@
-"""Command line: ``python -m optim solve|generate|methods``.
+"""Command line: ``python -m optim solve|generate|methods|deploy|replan``.
+
+``deploy`` and ``replan`` live in ``optim.cli_deploy``.
 
 ``solve <instance.json> --method NAME [--verify/--no-verify] [--json OUT] [--vllm-args OUT]
 [--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]
@@ -179,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     m = sub.add_parser("methods", help="list the registered methods", epilog=EXIT_CODES_EPILOG)
     m.set_defaults(func=cmd_methods)
+    from .cli_deploy import add_subcommands
+    add_subcommands(sub)              # deploy, replan
     return ap
 
 

@@ -254,12 +254,24 @@ class Placement:
                   ) -> list[dict[str, Any]]:
         """Per GPU: the vLLM server arguments (``--enable-lora``, ``--max-loras``,
         ``--max-cpu-loras``, ``--max-lora-rank``, ``--lora-modules id=<adapter_dir>/<id> …``), a
-        ready command line, and the routing shares the router must apply."""
+        ready command line, and the routing shares the router must apply.
+
+        ``serve_command`` is the command to run: it serves ``model_id`` (the profile's served
+        model id, ``model`` when given, else the model catalog's, said in ``model_id_source``)
+        with the server settings the profile was calibrated with (``server_args``, ``env``;
+        ``optim.deploy.served_model``). ``command`` and ``model`` keep their earlier form (the
+        profile's model name) for readers of older files; vLLM cannot load that name."""
         from twin.profile import load_profile
+
+        from .deploy import served_model
 
         out = []
         for i, g in enumerate(self.gpus):
             base = model or load_profile(g.profile).model
+            try:
+                sm = served_model(g.profile, model)
+            except ValueError as e:       # no model id known: no runnable command, say why
+                sm, why = None, str(e)
             n = g.n_adapters
             args = ["--enable-lora", "--max-loras", str(g.max_loras),
                     "--max-cpu-loras", str(max(n, g.max_loras)),
@@ -267,7 +279,14 @@ class Placement:
                     *[f"{a.id}={adapter_dir}/{a.id}" for a, _ in g.adapters]]
             out.append({"gpu": i, "gpu_type": g.gpu_type, "profile": g.profile, "model": base,
                         "args": args, "command": " ".join(["vllm", "serve", base, *args]),
-                        "routing": {a.id: s for a, s in g.adapters}})
+                        "routing": {a.id: s for a, s in g.adapters},
+                        **({"serve_command": None, "model_id": None, "model_id_source": why,
+                            "server_args": None, "env": None} if sm is None else
+                           {"serve_command": " ".join([*(f"{k}={v}" for k, v in sm.env),
+                                                       "vllm", "serve", sm.model_id,
+                                                       *sm.flags, *args]),
+                            "model_id": sm.model_id, "model_id_source": sm.model_id_source,
+                            "server_args": list(sm.flags), "env": dict(sm.env)})})
         return out
 
 

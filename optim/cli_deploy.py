@@ -1,0 +1,130 @@
+"""Subcommands ``deploy`` and ``replan`` of ``python -m optim`` (registered by ``optim.cli``).
+
+``deploy PLAN --out DIR [--force] [--model-id ID] [--adapter-dir D] [--namespace NS]
+[--base-port P] [--gpus-per-host N] [--allow-rejected]`` writes the deployment files of one plan
+(``optim.deploy``). ``replan --previous PLAN INSTANCE [--churn-weight W | --max-moves K]
+[--no-resolve] [--json OUT] [--force]`` re-plans for a drifted instance (``optim.replan``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_REJECTED, CliError, HelpFormatter,
+                              check_output, float_above, int_at_least, nonneg_int, write_output)
+from twin.limits import MAX_DURATION_S
+
+
+def cmd_deploy(a: argparse.Namespace) -> int:
+    from .deploy import DeployError, DeployOptions, Layout, load_plan, write_deployment
+    try:
+        plan = load_plan(a.plan)
+        opts = DeployOptions(adapter_dir=a.adapter_dir, namespace=a.namespace,
+                             model_id=a.model_id, layout=Layout(a.base_port, a.gpus_per_host),
+                             allow_rejected=a.allow_rejected)
+        files = write_deployment(plan, a.out, opts, force=a.force)
+    except DeployError as e:
+        raise CliError(str(e)) from None
+    verdict = plan.verdict or "unverified"
+    print(f"wrote {len(files)} files to {a.out} for {plan.n_gpus} server(s) of plan "
+          f"'{plan.instance}' (twin_verdict={verdict})")
+    return 0
+
+
+def cmd_replan(a: argparse.Namespace) -> int:
+    from .deploy import DeployError, load_plan
+    from .instance import InstanceError, load_instance
+    from .methods import MethodOptions, solve
+    from .replan import ReplanOptions, replan
+    json_out = check_output(a.json, "--json", a.force)
+    try:
+        prev = load_plan(a.previous)
+    except DeployError as e:
+        raise CliError(f"--previous: {e}") from None
+    if not prev.gpus:
+        raise CliError(f"--previous {a.previous}: the plan has no GPUs (status {prev.status})")
+    try:
+        inst = load_instance(a.instance)
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    opts = ReplanOptions(churn_weight=a.churn_weight if a.churn_weight is not None else
+                         ReplanOptions.churn_weight, max_moves=a.max_moves,
+                         duration_s=a.duration, workers=a.workers)
+    import twin.fleet
+    twin.fleet.show_progress = not a.quiet
+    try:
+        fresh = None
+        if a.resolve:
+            if not a.quiet:
+                print("solving the new instance from scratch (second candidate)",
+                      file=sys.stderr)
+            fresh = solve(inst, "greedy", verify=True, duration_s=a.duration,
+                          workers=a.workers, options=MethodOptions())
+        res = replan(prev, inst, opts, fresh=fresh)
+    finally:
+        twin.fleet.show_progress = False
+    p = res.placement
+    print(p.table())
+    c = res.churn
+    print(f"churn: moves={c.moves} loads={c.loads} unloads={c.unloads} "
+          f"gpus_added={c.gpus_added} gpus_removed={c.gpus_removed} restarts={c.restarts} "
+          f"kept_gpus={c.kept_gpus} candidate={res.candidate}")
+    if json_out is not None:
+        write_output(json_out, p.to_json())
+        print(f"wrote {json_out}")
+    return 0 if p.verdict == "accepted" else EXIT_REJECTED
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    """Register ``deploy`` and ``replan`` on ``python -m optim``'s subparsers."""
+    fmt = HelpFormatter
+    d = sub.add_parser("deploy", help="write deployment files for a plan", formatter_class=fmt,
+                       epilog=EXIT_CODES_EPILOG,
+                       description="From one plan (`optim solve --json`): per server a vLLM "
+                                   "command (shell script + args JSON) reproducing the "
+                                   "profile's calibrated settings, a routing table (JSON + CSV), "
+                                   "AIBrix ModelAdapter and Gateway API Inference Extension "
+                                   "manifests (JSON, valid YAML). Refused for a plan the twin "
+                                   "rejected unless --allow-rejected.")
+    d.add_argument("plan", help="plan JSON written by `optim solve --json` or `optim replan`")
+    d.add_argument("--out", required=True, help="output directory")
+    d.add_argument("--force", action="store_true", help="overwrite files already in --out")
+    d.add_argument("--model-id", default=None,
+                   help="model id vLLM loads (default: the profile's serving.model_id)")
+    d.add_argument("--adapter-dir", default="adapters",
+                   help="directory or URL prefix holding the adapters (<dir>/<id>)")
+    d.add_argument("--namespace", default="default", help="Kubernetes namespace of manifests")
+    d.add_argument("--base-port", type=int_at_least(1, 65535 - 64), default=8000,
+                   help="port of the first GPU of each host")
+    d.add_argument("--gpus-per-host", type=int_at_least(1, 64), default=8,
+                   help="GPUs per host (CUDA_VISIBLE_DEVICES and ports repeat per host)")
+    d.add_argument("--allow-rejected", action="store_true",
+                   help="write files for a plan the twin rejected (recorded in every file)")
+    d.set_defaults(func=cmd_deploy)
+
+    r = sub.add_parser("replan", help="re-plan a previous plan for a drifted instance",
+                       formatter_class=fmt, epilog=EXIT_CODES_EPILOG,
+                       description="Keep GPUs and adapters where they are when the twin still "
+                                   "accepts; move only the adapters of starving GPUs and place "
+                                   "new ones; add GPUs when needed, drain GPUs within the churn "
+                                   "budget. Prints the plan and its churn (moves, loads, GPU "
+                                   "adds/removes).")
+    r.add_argument("instance", help="the new instance JSON")
+    r.add_argument("--previous", required=True, help="previous plan JSON (`optim solve --json`)")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--churn-weight", type=float_above(0.0, inclusive=True), default=None,
+                   metavar="W", help="cost of one adapter move in GPUs (default 0.02)")
+    g.add_argument("--max-moves", type=nonneg_int, default=None, metavar="K",
+                   help="at most K optional adapter moves (moves that stop starvation are "
+                        "always made)")
+    r.add_argument("--resolve", action=argparse.BooleanOptionalAction, default=True,
+                   help="also solve from scratch and take it when cheaper")
+    r.add_argument("--duration", type=float_above(0.0, MAX_DURATION_S), default=None,
+                   metavar="S", help="twin window in seconds (default: the instance's)")
+    r.add_argument("--workers", type=int_at_least(1, 256), default=None,
+                   help="processes for twin replays (default: all cores)")
+    r.add_argument("--json", default=None, help="write the new plan (JSON, with params.replan)")
+    r.add_argument("--force", action="store_true", help="overwrite --json")
+    r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
+    r.set_defaults(func=cmd_replan)
