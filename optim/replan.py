@@ -1,0 +1,440 @@
+"""Churn-aware re-planning: from a previous plan to one for a drifted instance, with few moves.
+
+Rates drift, adapters arrive and retire; re-solving from scratch serves the new instance but
+reshuffles nearly every adapter, and each move costs a load (and the old home's drain). A
+re-plan keeps what still works:
+
+1. **carry over** — every previous GPU keeps its configuration and its adapters that are still in
+   the instance (at their new rates; a split adapter that lost a home has its shares
+   renormalised); GPUs left empty are removed;
+2. **twin check** — the carried GPUs are replayed in the twin with the workload each will see in
+   verification (seed = instance seed + GPU index);
+3. **starving GPUs** — first the twin searches a new Amax (a restart, no move:
+   ``amax_search.twin_best_amax``); failing that, the GPU sheds its largest-load adapters until
+   its offered load is below the throughput the twin measured (with a margin), then one at a
+   time until the twin accepts it (largest first: the fewest moves for the load shed);
+4. **placing** the shed and the new adapters — largest load first onto the kept GPU with the
+   most predicted headroom (fast surrogate at the GPU's own Amax; rank within its
+   ``max_lora_rank``), each receiving GPU checked by the twin and rolled back if rejected; what
+   remains goes to new GPUs by the greedy fill (``greedy.greedy_plans``);
+5. **draining** — while the churn budget allows (``max_moves``, or ``churn_weight`` x adapters
+   on the GPU < 1 GPU), the least-loaded GPU is emptied into the others the same way, kept only
+   when the twin accepts every receiver;
+6. **final verification** of the whole plan (``optim.verify``); GPUs it rejects go through
+   step 3 again (their shed adapters to new GPUs) until accepted or ``max_rounds``.
+
+A second candidate is a **fresh solve** (when given): its GPUs are relabelled onto the previous
+ones to maximise the adapters they share (an assignment problem, ``relabel``), and its churn is
+counted against that labelling. The re-plan returns the candidate of lower cost
+``GPUs + churn_weight x moves`` (with ``max_moves``: fewest GPUs among the candidates within
+the budget, else the fewest moves), preferring a twin-accepted one. ``max_moves`` bounds the
+optional moves (draining); moves that stop a GPU from starving are always made.
+
+Churn (``Churn``): *loads* = (adapter, GPU) homes that the previous GPU at that place did not
+hold, *moves* = those loads of adapters that existed before (a relocation; a new adapter's
+first load is not a move), *unloads* = homes given up, GPUs added / removed, and *restarts* =
+kept GPUs whose Amax or max rank changed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from twin.fleet import simulate_fleet
+from twin.workload import Adapter
+
+from .instance import Instance
+from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
+
+DEFAULT_CHURN_WEIGHT = 0.02      # GPUs per adapter move: draining a GPU of < 50 adapters pays
+SHED_MARGIN = 0.97               # shed load down to this fraction of the measured throughput
+
+
+@dataclass(frozen=True)
+class ReplanOptions:
+    """Budget and twin settings of a re-plan (module docstring)."""
+
+    churn_weight: float = DEFAULT_CHURN_WEIGHT
+    max_moves: int | None = None
+    duration_s: float | None = None
+    workers: int | None = None
+    max_rounds: int = 8
+    max_drain_attempts: int = 4
+
+    def __post_init__(self) -> None:
+        if not (self.churn_weight >= 0 and np.isfinite(self.churn_weight)):
+            raise ValueError(f"churn_weight: must be a finite number >= 0, got {self.churn_weight!r}")
+        if self.max_moves is not None and self.max_moves < 0:
+            raise ValueError(f"max_moves: must be >= 0, got {self.max_moves!r}")
+
+
+@dataclass(frozen=True)
+class Churn:
+    """What a transition from the previous plan costs (module docstring)."""
+
+    moves: int
+    loads: int
+    unloads: int
+    gpus_added: int
+    gpus_removed: int
+    restarts: int
+    kept_gpus: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: int(v) for k, v in vars(self).items()}
+
+
+@dataclass(frozen=True)
+class ReplanResult:
+    """The new plan, its churn, each new GPU's previous index (None = added), which candidate
+    won (``incremental`` or ``resolve``) and the steps taken."""
+
+    placement: Placement
+    churn: Churn
+    origin: tuple[int | None, ...]
+    candidate: str
+    steps: tuple[str, ...] = ()
+
+    def cost(self, churn_weight: float) -> float:
+        return self.placement.n_gpus + churn_weight * self.churn.moves
+
+
+# ----------------------------------------------------------------------------- churn
+def _ids(g: GpuPlan) -> set[str]:
+    return {a.id for a, _ in g.adapters}
+
+
+def churn_between(prev: Placement, new: Sequence[GpuPlan],
+                  origin: Sequence[int | None]) -> Churn:
+    """Churn of going from ``prev`` to ``new`` when new GPU ``j`` takes the place of previous
+    GPU ``origin[j]`` (None: an added GPU)."""
+    existed = {a.id for g in prev.gpus for a, _ in g.adapters}
+    matched = [o for o in origin if o is not None]
+    if len(set(matched)) != len(matched):
+        raise ValueError("origin: a previous GPU is the origin of two new GPUs")
+    moves = loads = unloads = restarts = 0
+    for g, o in zip(new, origin):
+        old = _ids(prev.gpus[o]) if o is not None else set()
+        added = _ids(g) - old
+        loads += len(added)
+        moves += len(added & existed)
+        unloads += len(old - _ids(g))
+        if o is not None:
+            p = prev.gpus[o]
+            restarts += (p.max_loras, p.max_lora_rank) != (g.max_loras, g.max_lora_rank)
+    gone = set(range(prev.n_gpus)) - set(matched)
+    unloads += sum(prev.gpus[o].n_adapters for o in gone)
+    return Churn(moves, loads, unloads, sum(o is None for o in origin), len(gone), restarts,
+                 len(matched))
+
+
+def relabel(prev: Placement, new: Sequence[GpuPlan]) -> tuple[int | None, ...]:
+    """Previous GPU index for each new GPU maximising the adapters they share (same GPU type
+    only; ``scipy.optimize.linear_sum_assignment``); None for new GPUs left unmatched."""
+    from scipy.optimize import linear_sum_assignment
+    if not prev.gpus or not new:
+        return tuple(None for _ in new)
+    overlap = np.zeros((len(new), prev.n_gpus))
+    for j, g in enumerate(new):
+        ids = _ids(g)
+        for o, p in enumerate(prev.gpus):
+            if p.gpu_type == g.gpu_type:
+                overlap[j, o] = len(ids & _ids(p))
+    rows, cols = linear_sum_assignment(-overlap)
+    origin: list[int | None] = [None] * len(new)
+    for j, o in zip(rows, cols):
+        if new[j].gpu_type == prev.gpus[o].gpu_type:
+            origin[j] = int(o)
+    return tuple(origin)
+
+
+# ----------------------------------------------------------------------------- twin helpers
+def _twin(inst: Instance, plans: Sequence[GpuPlan], indices: Sequence[int], duration_s: float,
+          workers: int | None) -> list[GpuMetrics]:
+    """Twin metrics of ``plans`` as GPUs ``indices`` of a placement (their verification seeds)."""
+    if not plans:
+        return []
+    jobs = [p.twin_assignment(inst.starvation_threshold) for p in plans]
+    res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
+                         check_routing=False, seeds=[inst.seed + i for i in indices])
+    return [GpuMetrics.from_run(m) for m in res.per_gpu]
+
+
+def _with(inst: Instance, g: GpuPlan, pairs: Sequence[tuple[Adapter, float]]) -> GpuPlan:
+    """``g`` (same type, Amax, max rank) serving ``pairs``."""
+    return plan_gpu(g.gpu_type, g.profile, g.max_loras, pairs, inst.mean_tokens, g.max_lora_rank)
+
+
+class _Headroom:
+    """Fast-surrogate check: does a GPU still pass with more adapters, at its own Amax (or the
+    nearest grid Amax above, the surrogate's domain)?"""
+
+    def __init__(self, inst: Instance) -> None:
+        from surrogates.features import adapter_feature_matrix
+        from .greedy import amax_candidates, load_surrogate
+        self.inst = inst
+        self.models = {t.name: load_surrogate(t.profile, "fast") for t in inst.gpu_types}
+        self.grid = amax_candidates()
+        self._phi = adapter_feature_matrix
+
+    def _vec(self, a: Adapter, share: float) -> np.ndarray:
+        return self._phi([a.rank], [a.rate * share], self.inst.lengths)[0]
+
+    def margin(self, g: GpuPlan, extra: Sequence[Adapter] = ()) -> float | None:
+        """Predicted throughput / (threshold x load) of ``g`` plus ``extra`` (None: starved)."""
+        from .greedy import _rows
+        vecs = [self._vec(a, s) for a, s in g.adapters] + [self._vec(a, 1.0) for a in extra]
+        phi = np.sum(vecs, axis=0)
+        amax = self.grid[self.grid >= g.max_loras]
+        amax = amax[:1] if len(amax) else self.grid[-1:]
+        M = _rows(phi[None, :], np.array([1]), g.max_lora_rank, amax)
+        thr, starved = self.models[g.gpu_type].predict_unchecked(M)
+        if bool(starved[0]):
+            return None
+        load = (sum(a.rate * s for a, s in g.adapters) + sum(a.rate for a in extra)) \
+            * self.inst.mean_tokens
+        return float(thr[0]) / max(self.inst.starvation_threshold * load, 1e-12)
+
+
+# ----------------------------------------------------------------------------- steps
+def carry_over(prev: Placement, inst: Instance) -> tuple[list[GpuPlan], list[int], list[Adapter],
+                                                         list[str]]:
+    """Step 1: (kept GPUs, their previous indices, adapters without a home, notes)."""
+    from .instance import adapters_by_id
+    ids = adapters_by_id(inst.adapters)
+    types = {t.name: t for t in inst.gpu_types}
+    share_left: dict[str, float] = {}
+    kept: list[tuple[int, GpuPlan, list[tuple[Adapter, float]]]] = []
+    notes: list[str] = []
+    homeless: list[Adapter] = []
+    for o, g in enumerate(prev.gpus):
+        pairs = [(ids[a.id], s) for a, s in g.adapters if a.id in ids]
+        if g.gpu_type not in types:
+            notes.append(f"previous gpu {o}: type '{g.gpu_type}' is not in the instance; its "
+                         f"{len(pairs)} adapter(s) move")
+            homeless.extend(a for a, _ in pairs)
+            continue
+        if not pairs:
+            continue
+        for a, s in pairs:
+            share_left[a.id] = share_left.get(a.id, 0.0) + s
+        kept.append((o, g, pairs))
+    plans, origin = [], []
+    moved_split = {a.id for a in homeless}
+    for o, g, pairs in kept:
+        pairs = [(a, s / share_left[a.id]) for a, s in pairs if a.id not in moved_split]
+        if not pairs:
+            continue
+        t = types[g.gpu_type]
+        plans.append(plan_gpu(g.gpu_type, t.profile, g.max_loras, pairs, inst.mean_tokens,
+                              g.max_lora_rank))
+        origin.append(o)
+    placed = {a.id for g in plans for a, _ in g.adapters}
+    homeless = list({a.id: a for a in homeless if a.id not in placed}.values())
+    homeless += [a for a in inst.adapters if a.id not in placed and a.id not in
+                 {h.id for h in homeless}]
+    return plans, origin, homeless, notes
+
+
+def _shed(inst: Instance, g: GpuPlan, m: GpuMetrics, index: int, duration_s: float,
+          workers: int | None) -> tuple[GpuPlan | None, list[Adapter], int]:
+    """Step 3 for one starving GPU: (fixed GPU or None when nothing is left, shed adapters,
+    restarts). Amax search first, then the largest-load adapters go."""
+    from .amax_search import twin_best_amax
+    if not m.memory_error:
+        best, _ = twin_best_amax(inst, g, inst.seed + index, duration_s, workers)
+        if best is not None:
+            return best, [], int(best.max_loras != g.max_loras)
+    pairs = sorted(g.adapters, key=lambda p: -p[0].rate * p[1])
+    target = SHED_MARGIN * m.throughput_tps / inst.starvation_threshold
+    load = sum(a.rate * s for a, s in pairs) * inst.mean_tokens
+    k = 0
+    while k < len(pairs) - 1 and load > target:
+        load -= pairs[k][0].rate * pairs[k][1] * inst.mean_tokens
+        k += 1
+    k = max(k, 1)
+    while k < len(pairs):
+        cand = _with(inst, g, pairs[k:])
+        (cm,) = _twin(inst, [cand], [index], duration_s, workers)
+        if cm.ok:
+            return replace(cand, verified=cm), [a for a, _ in pairs[:k]], 0
+        k += 1
+    return None, [a for a, _ in pairs], 0
+
+
+def _insert(inst: Instance, gpus: list[GpuPlan], adapters: Sequence[Adapter], head: _Headroom,
+            duration_s: float, workers: int | None, exclude: set[int] = frozenset()
+            ) -> tuple[list[GpuPlan], list[Adapter]]:
+    """Step 4: place ``adapters`` (whole, share 1) onto ``gpus`` by predicted headroom, then
+    check every receiving GPU in the twin and roll back the rejected ones. Returns (GPUs,
+    adapters left over)."""
+    gpus = list(gpus)
+    added: dict[int, list[Adapter]] = {}
+    margins = {j: head.margin(g) for j, g in enumerate(gpus) if j not in exclude}
+    left: list[Adapter] = []
+    for a in sorted(adapters, key=lambda a: (-a.rate, a.id)):
+        best, best_m = None, 1.0
+        for j, m0 in margins.items():
+            g = gpus[j]
+            if m0 is None or a.rank > g.max_lora_rank:
+                continue
+            m = head.margin(g, added.get(j, []) + [a])
+            if m is not None and m > best_m:
+                best, best_m = j, m
+        if best is None:
+            left.append(a)
+        else:
+            added.setdefault(best, []).append(a)
+    if not added:
+        return gpus, left
+    js = sorted(added)
+    cands = [_with(inst, gpus[j], list(gpus[j].adapters) + [(a, 1.0) for a in added[j]])
+             for j in js]
+    for j, c, m in zip(js, cands, _twin(inst, cands, js, duration_s, workers)):
+        if m.ok:
+            gpus[j] = replace(c, verified=m)
+        else:
+            left.extend(added[j])
+    return gpus, left
+
+
+# ----------------------------------------------------------------------------- main
+def _incremental(prev: Placement, inst: Instance, opts: ReplanOptions, dur: float
+                 ) -> ReplanResult:
+    from .greedy import greedy_plans
+    from .verify import verify
+    steps: list[str] = []
+    gpus, origin, pending, notes = carry_over(prev, inst)
+    steps += notes
+    head = _Headroom(inst)
+    retired = {a.id for g in prev.gpus for a, _ in g.adapters} - {a.id for a in inst.adapters}
+    if retired:
+        steps.append(f"retired {len(retired)} adapter(s)")
+    if pending:
+        steps.append(f"{len(pending)} adapter(s) without a home (new or from removed GPUs)")
+
+    def budget_left(extra: int) -> bool:
+        if opts.max_moves is None:
+            return True
+        used = churn_between(prev, gpus, origin).moves
+        return used + extra <= opts.max_moves
+
+    rounds = 0
+    while True:
+        if rounds == 0:
+            metrics = _twin(inst, gpus, range(len(gpus)), dur, opts.workers)
+            gpus = [replace(g, verified=m) for g, m in zip(gpus, metrics)]
+        metrics = [g.verified for g in gpus]
+        bad = [j for j, m in enumerate(metrics) if not m.ok]
+        fixed_gpus, fixed_origin = [], []
+        for j, (g, o) in enumerate(zip(gpus, origin)):
+            if j not in bad:
+                fixed_gpus.append(g)
+                fixed_origin.append(o)
+                continue
+            new_g, shed, _ = _shed(inst, g, g.verified, j, dur, opts.workers)
+            steps.append(f"gpu {j}: twin rejected it at the new rates; "
+                         + (f"shed {len(shed)} adapter(s)" if shed else
+                            f"Amax {g.max_loras} -> {new_g.max_loras}"))
+            pending.extend(shed)
+            if new_g is not None:
+                fixed_gpus.append(new_g)
+                fixed_origin.append(o)
+        gpus, origin = fixed_gpus, fixed_origin
+        if pending:
+            n = len(pending)
+            gpus, pending = _insert(inst, gpus, pending, head, dur, opts.workers)
+            if n - len(pending):
+                steps.append(f"placed {n - len(pending)} adapter(s) on kept GPUs with headroom")
+        if pending:
+            used: dict[str, int] = {}
+            for g in gpus:
+                used[g.gpu_type] = used.get(g.gpu_type, 0) + 1
+            pool = {t.name: max(t.count - used.get(t.name, 0), 0) for t in inst.gpu_types}
+            new, _, _ = greedy_plans(inst, pending, "gpus", pool)
+            steps.append(f"opened {len(new)} GPU(s) for {len(pending)} adapter(s)")
+            gpus += new
+            origin += [None] * len(new)
+            pending = []
+        rounds += 1
+        p = verify(Placement(inst.name, "replan", "solved", tuple(gpus)), inst, dur,
+                   opts.workers)
+        gpus = list(p.gpus)
+        if p.verdict == "accepted" or rounds >= opts.max_rounds:
+            break
+    # step 5: drain the least-loaded GPUs while the budget allows
+    tries = 0
+    while p.verdict == "accepted" and len(gpus) > 1 and tries < opts.max_drain_attempts:
+        order = sorted(range(len(gpus)), key=lambda j: gpus[j].offered_tps)
+        j = next((j for j in order if opts.max_moves is not None or
+                  opts.churn_weight * gpus[j].n_adapters < 1.0), None)
+        if j is None or not budget_left(gpus[j].n_adapters):
+            break
+        if any(s < 1.0 for _, s in gpus[j].adapters):
+            break                                  # split adapters: not drained here
+        tries += 1
+        rest = gpus[:j] + gpus[j + 1:]
+        rest_origin = origin[:j] + origin[j + 1:]
+        moved = [a for a, _ in gpus[j].adapters]
+        cand, left = _insert(inst, rest, moved, head, dur, opts.workers)
+        if left:
+            continue
+        cp = verify(Placement(inst.name, "replan", "solved", tuple(cand)), inst, dur,
+                    opts.workers)
+        if cp.verdict != "accepted":
+            continue
+        steps.append(f"drained gpu {j} ({len(moved)} adapter(s)) into the others")
+        gpus, origin, p = list(cp.gpus), rest_origin, cp
+    p = p.with_(repairs=tuple(steps))
+    return ReplanResult(p, churn_between(prev, p.gpus, origin), tuple(origin), "incremental",
+                        tuple(steps))
+
+
+def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(),
+           fresh: Placement | None = None) -> ReplanResult:
+    """Re-plan ``prev`` for ``inst`` (module docstring); ``fresh``: a solve of ``inst`` from
+    scratch to weigh against the incremental plan (its twin verdict is kept)."""
+    t0 = time.perf_counter()
+    if not prev.gpus:
+        raise ValueError(f"previous plan '{prev.instance}': has no GPUs to re-plan from")
+    dur = float(opts.duration_s if opts.duration_s is not None else inst.duration_s)
+    cands = [_incremental(prev, inst, opts, dur)]
+    if fresh is not None and fresh.gpus:
+        origin = relabel(prev, fresh.gpus)
+        cands.append(ReplanResult(fresh, churn_between(prev, fresh.gpus, origin), origin,
+                                  "resolve", ("fresh solve, GPUs relabelled onto the previous "
+                                              "ones for the most shared adapters",)))
+    best = choose(cands, opts)
+    wall = time.perf_counter() - t0
+    p = best.placement.with_(
+        method="replan", wall_time_s=wall,
+        params={**best.placement.params, "replan": {
+            "candidate": best.candidate, "churn": best.churn.to_dict(),
+            "origin": list(best.origin), "churn_weight": opts.churn_weight,
+            "max_moves": opts.max_moves, "previous": prev.instance,
+            "candidates": {c.candidate: {"gpus": c.placement.n_gpus, "moves": c.churn.moves,
+                                         "verdict": c.placement.verdict} for c in cands}}})
+    return replace(best, placement=p)
+
+
+def choose(cands: Sequence[ReplanResult], opts: ReplanOptions) -> ReplanResult:
+    """The candidate to take (module docstring): twin-accepted first; within ``max_moves`` the
+    fewest GPUs (then moves), else the lowest ``GPUs + churn_weight x moves``."""
+    def accepted(c: ReplanResult) -> bool:
+        return c.placement.verdict == "accepted"
+    if opts.max_moves is not None:
+        inside = [c for c in cands if c.churn.moves <= opts.max_moves]
+        pool = inside or cands
+        key = (lambda c: (not accepted(c), c.placement.n_gpus, c.churn.moves)) if inside else \
+            (lambda c: (not accepted(c), c.churn.moves, c.placement.n_gpus))
+        return min(pool, key=key)
+    return min(cands, key=lambda c: (not accepted(c), c.cost(opts.churn_weight),
+                                     c.churn.moves))
+
+
+__all__ = ["ReplanOptions", "ReplanResult", "Churn", "churn_between", "relabel", "carry_over",
+           "replan", "choose", "DEFAULT_CHURN_WEIGHT"]

@@ -1,0 +1,172 @@
+"""Churn-aware re-planning (optim.replan, ``python -m optim replan``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+
+from optim.cli import main
+from optim.instance import instance_from_dict
+from optim.placement import Placement, plan_gpu
+from optim.replan import (ReplanOptions, carry_over, choose, churn_between, relabel, replan,
+                          ReplanResult, Churn)
+from optim.verify import verify
+from twin.workload import Adapter
+
+LLAMA = "llama-3.1-8b-instruct"
+DUR = 240.0
+
+
+def _inst(adapters, name="rp"):
+    return instance_from_dict({
+        "name": name, "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate}
+                                   for a in adapters],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 8}], "duration_s": DUR, "seed": 5})
+
+
+def _three_gpu_plan():
+    """12 light adapters on 3 GPUs (4 each), verified."""
+    ads = [Adapter(f"a{i}", 8, 1.0) for i in range(12)]
+    inst = _inst(ads)
+    gpus = tuple(plan_gpu("h100", LLAMA, 4, [(a, 1.0) for a in ads[4 * g:4 * g + 4]],
+                          inst.mean_tokens) for g in range(3))
+    p = verify(Placement(inst.name, "manual", "solved", gpus), inst, workers=1)
+    assert p.verdict == "accepted"
+    return inst, p
+
+
+@pytest.fixture(scope="module")
+def base():
+    return _three_gpu_plan()
+
+
+def _homes(p):
+    return {i: {a.id for a, _ in g.adapters} for i, g in enumerate(p.gpus)}
+
+
+def test_unchanged_instance_means_zero_churn(base):
+    inst, p = base
+    # no optional moves allowed: the plan stays as it is
+    r = replan(p, inst, ReplanOptions(duration_s=DUR, workers=1, max_moves=0))
+    assert r.churn == Churn(0, 0, 0, 0, 0, 0, 3)
+    assert r.placement.verdict == "accepted" and r.candidate == "incremental"
+    assert _homes(r.placement) == _homes(p)
+    # a solver's plan (greedy, twin repair and compaction) at the default churn weight
+    from optim.methods import solve
+    solved = solve(inst, "greedy", verify=True, duration_s=DUR, workers=1)
+    assert solved.verdict == "accepted"
+    r = replan(solved, inst, ReplanOptions(duration_s=DUR, workers=1), fresh=solved)
+    assert r.churn.moves == 0 and r.churn.loads == 0 and r.churn.gpus_removed == 0
+    assert r.placement.verdict == "accepted"
+
+
+def test_slack_is_drained_when_moves_are_cheap(base):
+    inst, p = base
+    r = replan(p, inst, ReplanOptions(duration_s=DUR, workers=1, churn_weight=0.0))
+    assert r.placement.verdict == "accepted"
+    assert r.placement.n_gpus < p.n_gpus and r.churn.gpus_removed >= 1
+    assert r.churn.moves == r.churn.loads > 0
+
+
+def test_rate_bump_moves_only_the_starving_gpus_adapters(base):
+    inst, p = base
+    hot = [replace(a, rate=31.0) if a.id == "a5" else a for a in inst.adapters]
+    new = _inst(hot)
+    # no optional moves: only those that stop starvation
+    r = replan(p, new, ReplanOptions(duration_s=DUR, workers=1, max_moves=0))
+    q = r.placement
+    assert q.verdict == "accepted"
+    # the twin re-verifies the result on its own: accepted
+    assert verify(q.with_(verdict=None), new, workers=1).verdict == "accepted"
+    old = _homes(p)
+    moved = set()
+    for j, o in enumerate(r.origin):
+        ids = {a.id for a, _ in q.gpus[j].adapters}
+        if o is not None:
+            moved |= ids - old[o]
+        else:
+            moved |= ids
+    assert moved and moved <= old[1]                     # only GPU 1's adapters moved
+    assert r.churn.moves == len(moved)
+    for o in (0, 2):                                     # the other GPUs kept all theirs
+        j = r.origin.index(o)
+        assert old[o] <= {a.id for a, _ in q.gpus[j].adapters}
+
+
+def test_retired_and_new_adapters(base):
+    inst, p = base
+    ads = [a for a in inst.adapters if a.id != "a0"] + [Adapter("n1", 8, 1.0)]
+    new = _inst(ads)
+    gpus, origin, homeless, _ = carry_over(p, new)
+    assert [a.id for a in homeless] == ["n1"] and origin == [0, 1, 2]
+    assert "a0" not in {a.id for g in gpus for a, _ in g.adapters}
+    r = replan(p, new, ReplanOptions(duration_s=DUR, workers=1, max_moves=0))
+    assert r.placement.verdict == "accepted"
+    assert r.churn.moves == 0 and r.churn.loads == 1 and r.churn.unloads == 1
+
+
+def test_relabel_maximises_overlap_against_brute_force():
+    def gpu(ids):
+        return plan_gpu("h100", LLAMA, 2, [(Adapter(i, 8, 1.0), 1.0) for i in ids], 400.0)
+    prev = Placement("x", "m", "solved", (gpu("abc"), gpu("def"), gpu("ghi"), gpu("jk")))
+    new = (gpu("dgh"), gpu("abe"), gpu("ijk"), gpu("cf"), gpu("l"))
+    origin = relabel(prev, new)
+
+    def overlap(orig):
+        return sum(len({a.id for a, _ in new[j].adapters} &
+                       {a.id for a, _ in prev.gpus[o].adapters})
+                   for j, o in enumerate(orig) if o is not None)
+    best = max(overlap(list(perm[:len(new)])) for perm in
+               itertools.permutations(list(range(prev.n_gpus)) + [None] * len(new)))
+    assert overlap(origin) == best
+    c = churn_between(prev, new, origin)
+    assert c.gpus_added == 1 and c.gpus_removed == 0 and c.kept_gpus == 4
+    assert c.loads == sum(len(g.adapters) for g in new) - best
+
+
+def test_choose_respects_the_budget():
+    def res(gpus, moves, name, verdict="accepted"):
+        p = Placement("x", "m", "solved", tuple(
+            plan_gpu("h100", LLAMA, 1, [(Adapter(f"{name}{i}", 8, 1.0), 1.0)], 400.0)
+            for i in range(gpus)), verdict=verdict)
+        return ReplanResult(p, Churn(moves, moves, 0, 0, 0, 0, gpus), (None,) * gpus, name)
+    inc, fresh = res(5, 2, "incremental"), res(4, 40, "resolve")
+    assert choose([inc, fresh], ReplanOptions(churn_weight=0.01)).candidate == "resolve"
+    assert choose([inc, fresh], ReplanOptions(churn_weight=0.1)).candidate == "incremental"
+    assert choose([inc, fresh], ReplanOptions(max_moves=10)).candidate == "incremental"
+    assert choose([inc, fresh], ReplanOptions(max_moves=50)).candidate == "resolve"
+    bad = res(3, 0, "incremental", verdict="rejected")
+    assert choose([bad, fresh], ReplanOptions(churn_weight=1.0)).candidate == "resolve"
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="churn_weight"):
+        ReplanOptions(churn_weight=-1)
+    with pytest.raises(ValueError, match="max_moves"):
+        ReplanOptions(max_moves=-2)
+
+
+def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
+    inst, p = base
+    prev = tmp_path / "prev.json"
+    prev.write_text(p.to_json())
+    ip = tmp_path / "inst.json"
+    ip.write_text(json.dumps(inst.to_dict()))
+    out = tmp_path / "new.json"
+    rc = main(["replan", str(ip), "--previous", str(prev), "--no-resolve", "--workers", "1",
+               "--max-moves", "0", "--json", str(out), "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "churn: moves=0 loads=0" in text and "verdict=accepted" in text
+    rec = json.loads(out.read_text())
+    assert rec["method"] == "replan" and rec["params"]["replan"]["churn"]["moves"] == 0
+    assert main(["replan", str(ip), "--previous", str(prev), "--json", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replan", str(ip), "--previous", str(prev), "--churn-weight", "0.1",
+              "--max-moves", "3"])
+    assert "not allowed with" in capsys.readouterr().err
+    assert main(["replan", str(ip), "--previous", str(tmp_path / "nope.json")]) == 2
+    assert "--previous" in capsys.readouterr().err
