@@ -190,3 +190,14 @@ def test_bad_workload_file_names_the_file(tmp_path):
     p.write_text(json.dumps({"duration_s": 10, "trace": "none.csv"}))
     with pytest.raises(WorkloadError, match=r"w.json.trace: none.csv: trace file not found"):
         load_workload(p)
+
+
+def test_shipped_example_workload_loads():
+    from pathlib import Path
+    w = load_workload(Path(__file__).resolve().parents[1] / "instances" / "routing"
+                      / "drifting_day.json")
+    night = {a.id for a in w.mean_rates(0.0, 3600.0)}
+    evening = {a.id: a.rate for a in w.mean_rates(14 * 3600.0, 15 * 3600.0)}
+    assert "legacy" in night and "new-model" not in night          # arrival and retirement
+    assert "legacy" not in evening and "new-model" in evening
+    assert evening["launch-day"] > 10 * 0.2                        # the flash crowd
