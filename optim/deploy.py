@@ -109,7 +109,8 @@ def served_model(profile_name: str, model_id: str | None = None) -> ServedModel:
             raise DeployError(
                 f"profile {prof.name!r}: no 'serving.model_id' and model {prof.model!r} is not in "
                 "the model catalog; give the model id vLLM should load with --model-id")
-        mid_src = f"assumed (model catalog entry of {prof.model!r}; profile has no serving.model_id)"
+        mid_src = (f"assumed (model catalog entry of {prof.model!r}; profile has no "
+                   "serving.model_id)")
     settings_src = "profile" if serving else \
         "assumed (profile has no 'serving' mapping: what the twin models, vLLM default memory 0.9)"
     gmu = float(serving.get("gpu_memory_utilization", 0.9))
@@ -345,7 +346,8 @@ def deployment_files(p: Placement, opts: DeployOptions = DeployOptions()) -> dic
                           "(lower-case letters, digits and '-', at most 63)")
     verdict = plan_verdict(p)
     failed = sum(1 for g in p.gpus if g.verified and not g.verified.ok) if p.verdict else None
-    models = {name: served_model(name, opts.model_id) for name in sorted({g.profile for g in p.gpus})}
+    models = {name: served_model(name, opts.model_id)
+              for name in sorted({g.profile for g in p.gpus})}
     base_ids = sorted({m.model_id for m in models.values()})
     if len(base_ids) > 1:
         raise DeployError(f"plan: GPUs serve different base models {base_ids}; a plan deploys "

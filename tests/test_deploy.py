@@ -45,11 +45,16 @@ def test_bad_serving_mapping_names_the_field(serving, field):
         GpuProfile.from_dict(d)
 
 
-def test_profile_without_serving_round_trips_without_the_key():
-    d = load_profile("llama-3.1-8b-instruct").to_dict()
-    del d["serving"]
-    assert "serving" not in GpuProfile.from_dict(d).to_dict()
-    assert json.loads(json.dumps(GpuProfile.from_dict(d).to_dict())) == d
+def test_serving_is_written_to_files_but_not_in_cache_keys(tmp_path):
+    prof = load_profile("llama-3.1-8b-instruct")
+    # caches of carry limits, capacity tables and surrogates key on to_dict(): unchanged
+    assert "serving" not in prof.to_dict()
+    assert prof.to_dict(include_serving=True)["serving"] == prof.serving
+    prof.to_json(tmp_path / "p.json")
+    again = GpuProfile.from_json(tmp_path / "p.json")
+    assert again.serving == prof.serving and again.to_dict() == prof.to_dict()
+    bare = GpuProfile.from_dict(prof.to_dict())
+    assert bare.serving == {} and "serving" not in bare.to_dict(include_serving=True)
 
 
 # ----------------------------------------------------------------------------- deployment files
@@ -274,7 +279,7 @@ def test_no_overwrite_without_force_and_force_drops_stale_servers(tmp_path, spli
 
 def test_profile_without_serving_falls_back_clearly(tmp_path):
     d = load_profile(LLAMA).to_dict()
-    del d["serving"]
+    assert "serving" not in d
     d["name"] = "llama-no-serving"
     path = tmp_path / "llama-no-serving.json"
     path.write_text(json.dumps(d))
@@ -293,8 +298,8 @@ def test_vllm_args_keep_their_keys_and_add_the_runnable_command():
     p = solve(inst, "maxbase-half")
     (g,) = p.vllm_args(adapter_dir="/m")
     assert g["command"].startswith("vllm serve llama-3.1-8b-instruct --enable-lora")
-    assert g["serve_command"].startswith("VLLM_USE_V1=1 vllm serve "
-                                         "meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization")
+    assert g["serve_command"].startswith(
+        "VLLM_USE_V1=1 vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization")
     assert g["serve_command"].endswith(" ".join(g["args"]))
     assert g["model_id"] == "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -232,8 +232,8 @@ def derive_profile(source: GpuProfile, gpu: GpuSpec, model: ModelConfig,
     return replace(
         source, name=name or f"{model.id}@{gpu.id}-derived", gpu=gpu.id, model=model.id,
         max_model_len=max_len, kv_capacity=kv, step_coef=coef, load_ms=load,
-        backbone_kv_tokens=backbone, fit_report={}, source={}, derived_from=derived_from,
-        power=power)
+        backbone_kv_tokens=backbone, fit_report={}, source={}, serving={},
+        derived_from=derived_from, power=power)
 
 
 def measured_profile(gpu: str, model: str) -> GpuProfile | None:

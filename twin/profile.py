@@ -76,7 +76,7 @@ class GpuProfile:
 
     def __post_init__(self) -> None:
         # validate by round-tripping through the dict validator (raises ProfileError)
-        _validate(self.to_dict())
+        _validate(self.to_dict(include_serving=True))
 
     # ------------------------------------------------------------------ queries
     @property
@@ -143,8 +143,11 @@ class GpuProfile:
         return np.ascontiguousarray(self.step_coef, dtype=np.float64)
 
     # ------------------------------------------------------------------ (de)serialisation
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (tuple keys become "a,r" strings)."""
+    def to_dict(self, include_serving: bool = False) -> dict[str, Any]:
+        """JSON-ready dict (tuple keys become "a,r" strings). ``serving`` (deployment facts, not
+        simulated) only with ``include_serving`` — ``to_json`` writes it — so that every cache
+        and hash keyed by a profile's dict (carry limits, capacity tables, surrogates) stays the
+        same with or without it."""
         return {
             "schema_version": SCHEMA_VERSION,
             "name": self.name,
@@ -162,7 +165,8 @@ class GpuProfile:
             "backbone_kv_tokens": self.backbone_kv_tokens,
             "fit_report": self.fit_report,
             "source": self.source,
-            **{k: getattr(self, k) for k in _OPTIONAL_IF_SET if getattr(self, k)},
+            **{k: getattr(self, k) for k in _OPTIONAL_IF_SET
+               if getattr(self, k) and (include_serving or k != "serving")},
         }
 
     @classmethod
@@ -173,7 +177,8 @@ class GpuProfile:
 
     def to_json(self, path: str | Path) -> None:
         """Write the profile as indented JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
+        Path(path).write_text(json.dumps(self.to_dict(include_serving=True), indent=1,
+                                         sort_keys=False) + "\n")
 
     @classmethod
     def from_json(cls, path: str | Path) -> "GpuProfile":
