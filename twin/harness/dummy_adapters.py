@@ -1,4 +1,4 @@
-"""Dummy PEFT LoRA adapters of given ranks (``adapter_config.json`` + ``adapter_model.safetensors``).
+"""Dummy PEFT LoRA adapters of given ranks (``adapter_config.json`` + safetensors weights).
 
 vLLM loads an adapter directory only if its tensors match the base model's projection shapes, so
 the weights are shaped from the model's dimensions (built in for the two profiled models, from

@@ -1,23 +1,26 @@
 """Profiling studies for ``python -m twin calibrate``, using only what a stock vLLM exposes.
 
 Every study restarts the server with the configuration it needs (``--launch``) and measures
-from the outside: saturated synthetic runs (all prompts sent at once, exact input lengths as
-token-id lists, exact output lengths with ``ignore_eos``, non-streamed) with ``/metrics``
-scraped every ``--window-s`` GPU seconds. Written in the calibration CSV schema
-(``<out>/calibration/*.csv``, columns as in the shared data README):
+from the outside: saturated synthetic runs (all prompts sent at once as token-id lists, exact
+output lengths with ``ignore_eos``, non-streamed) with ``/metrics`` scraped while they run.
+Step times come from the server's own ``vllm:time_per_output_token_seconds`` histogram (Δsum /
+Δcount between two scrapes: every inter-token gap of a running request is one engine step), so
+they are GPU (twin) time whatever the client's or a stand-in's speed. Written in the
+calibration CSV schema (``<out>/calibration/*.csv``, columns as in the shared data README):
 
-* ``step_latency_windows.csv`` — one row per scrape interval of a decode run: the step time is
-  the mean inter-token gap the server recorded in the interval (Δsum / Δcount of the
-  ``vllm:time_per_output_token_seconds`` histogram: every gap of a running request is one engine
-  step), ``running_start/end`` and ``waiting_end`` from the gauges, distinct adapters from
-  ``vllm:lora_requests_info``. Studies: ``decode_baseline`` (LoRA off, several
-  ``--max-num-seqs`` and lengths) and ``lora_decode_overhead`` (LoRA on, several ``--max-loras``
-  and numbers of distinct adapters; with more adapters than slots the batch is full and the
-  waiting queue is scanned).
-* ``prefill_baseline`` windows: saturated prompt-only runs (two output tokens, so each request
-  has one gap: the next step, which is as full of prompt tokens as the others).
-* ``step_latency_runs.csv`` — one row per run (totals, mean ITL/TTFT, kv). Scheduler time is not exposed by vLLM: its columns stay empty and
-  ``twin calibrate`` then fits the waiting-queue term with the step time.
+* ``step_latency_windows.csv`` — decode studies as the original profiling ran them: 1-token
+  prompts and equal outputs, so ``max_num_seqs`` requests run in lockstep cohorts, every step
+  schedules one token per running request (``batched_tokens_mean`` = the running gauge) and a
+  window spans one whole cohort period (counted in server-recorded gaps), so its mean context
+  is the cohort mean. ``decode_baseline`` (LoRA off; several ``--max-num-seqs`` and output
+  lengths) and ``lora_decode_overhead`` (LoRA on; several ``--max-loras`` / batch sizes and
+  numbers of distinct adapters, pre-loaded; with as many adapters as slots the batch is full
+  and the waiting queue is scanned). ``prefill_baseline``: prompt-only runs (two output tokens:
+  each request's one gap is the next step, as full of prompt tokens as the others). Only
+  windows with requests waiting at both ends (a saturated server) are kept.
+* ``step_latency_runs.csv`` — one row per run (totals, mean ITL/TTFT, KV capacity). vLLM does
+  not expose the scheduler's own time: those columns stay empty and ``twin calibrate`` then
+  fits the waiting-queue term with the step time.
 * ``memory_capacity.csv`` — KV tokens = ``num_gpu_blocks x block_size`` of
   ``vllm:cache_config_info`` at start-up, for every (max_loras, max_lora_rank) of the KV grid; a
   server that does not start is a ``failed`` row.
@@ -26,11 +29,12 @@ scraped every ``--window-s`` GPU seconds. Written in the calibration CSV schema
   swaps) minus the same requests to one resident adapter (server-side TTFT histogram).
 * ``scheduler_overhead_runs.csv`` — the shared runs of the original study (patched vLLM); a
   stock server cannot produce them, so the file has the header only.
-* ``../validation_llama/maxsearch_llama.csv`` (Llama only, the model stage 3 of calibrate reads)
-  — saturated LoRA runs at ``max_lora_rank`` 8/16/32 for the rank term.
+* ``../validation_llama/maxsearch_llama.csv`` (only for ``llama-3.1-8b-instruct``, the model
+  stage 3 of calibrate reads; other models get ``rank_runs.csv``) — saturated LoRA runs at
+  ``max_lora_rank`` 8/16/32 for the rank term.
 
-``--study quick`` is a small subset that runs in about a minute against ``twin serve``; ``full``
-is what a GPU owner runs (hours on a real GPU).
+``--study quick`` is a small subset (minutes against ``twin serve``); ``full`` is what a GPU
+owner runs (hours on a real GPU).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ from .client import metric_labels, metric_value, parse_prometheus
 from .plan_workload import prompt_ids
 
 TPOT = "vllm:time_per_output_token_seconds"
+SCRAPES_PER_PERIOD = 8      # scrapes per lockstep cohort period (decode runs)
+MIN_SCRAPE_WALL_S = 0.004   # never scrape more often than this
+PERIOD_TOLERANCE = 0.08     # a window may differ from a whole period by this share of its gaps
 TTFT = "vllm:time_to_first_token_seconds"
 CONNECTIONS = 1000          # concurrent HTTP connections of a saturated run
 RUN_TIMEOUT_S = 3600.0      # wall bound of one run
@@ -76,7 +83,8 @@ class StudyPlan:
 
 
 STUDIES = {
-    "quick": StudyPlan(no_lora_seqs=(16, 64, 192, 256, 320, 384), decode_lengths=((1, 64), (1, 256)),
+    "quick": StudyPlan(no_lora_seqs=(16, 64, 192, 256, 320, 384),
+                       decode_lengths=((1, 64), (1, 256)),
                        prefill_inputs=(300, 700), lora_configs=((8, 64), (64, 64), (64, 160)),
                        lora_adapter_factors=(0.125, 0.5, 1.0), rank_runs=(8, 16, 32),
                        kv_grid=((8, 8), (64, 8), (32, 16), (64, 32), (384, 8), (384, 32)),
@@ -179,9 +187,9 @@ async def _saturated(url: str, models: Sequence[str], n_prompts: int, input_len:
     """Send ``n_prompts`` at once and scrape ``/metrics`` every window (twin seconds).
 
     ``period_steps``: equal requests sent together run in lockstep cohorts of that many steps,
-    over which the context length sweeps; a window then lasts a whole number of cohort
-    periods (estimated from the last window's mean step), so its mean context is the cohort
-    mean the calibration assumes."""
+    over which the context length sweeps; then ``/metrics`` is scraped ``SCRAPES_PER_PERIOD``
+    times per cohort period (estimated from the last interval's mean step) so that
+    :func:`_windows` can cut windows of whole periods."""
     prompts = prompt_ids([input_len] * n_prompts, seed)
     conn = aiohttp.TCPConnector(limit=CONNECTIONS)
     timeout = aiohttp.ClientTimeout(total=RUN_TIMEOUT_S)
@@ -203,7 +211,7 @@ async def _saturated(url: str, models: Sequence[str], n_prompts: int, input_len:
             a, b = scrapes[-2], scrapes[-1]
             if period_steps and b.tpot_count > a.tpot_count:
                 cycle = period_steps * (b.tpot_sum - a.tpot_sum) / (b.tpot_count - a.tpot_count)
-                interval = cycle * max(1, round(window_s / cycle)) / time_scale
+                interval = max(cycle / SCRAPES_PER_PERIOD / time_scale, MIN_SCRAPE_WALL_S)
             if time.perf_counter() - t0 > RUN_TIMEOUT_S:
                 for p in pending:
                     p.cancel()
@@ -213,16 +221,38 @@ async def _saturated(url: str, models: Sequence[str], n_prompts: int, input_len:
                      sum(r[1] for r in res), time.perf_counter() - t0)
 
 
-def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False) -> list[dict]:
-    """One row per scrape interval in which the server was saturated (requests waiting at both
-    scrapes, so every step ran a full batch) and recorded inter-token gaps.
+def _intervals(sc: Sequence[Scrape], period_gaps: float | None) -> list[tuple[Scrape, Scrape]]:
+    """Scrape pairs that bound the windows: consecutive scrapes, or (``period_gaps``) spans of
+    one lockstep cohort period, i.e. the pair whose gap count differs by the period's gaps
+    (n requests x (output - 1)) within ``PERIOD_TOLERANCE``. Counted in server-recorded gaps,
+    the cut does not depend on how fast the client or server ran."""
+    if not period_gaps:
+        return list(zip(sc[:-1], sc[1:]))
+    busy = [x for x in sc if x.waiting > 0 and x.running > 0]   # saturated scrapes
+    out, i = [], 0
+    while i < len(busy) - 1:
+        counts = np.array([x.tpot_count - busy[i].tpot_count for x in busy[i + 1:]])
+        j = int(np.argmin(np.abs(counts - period_gaps)))
+        if abs(counts[j] - period_gaps) <= PERIOD_TOLERANCE * period_gaps:
+            out.append((busy[i], busy[i + 1 + j]))
+            i = i + 1 + j
+        else:
+            i += 1
+    return out
+
+
+def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
+             period_gaps: float | None = None) -> list[dict]:
+    """One row per window in which the server was saturated (requests waiting at both ends,
+    so every step ran a full batch) and recorded inter-token gaps; windows are scrape intervals
+    or, with ``period_gaps``, whole lockstep periods (see :func:`_intervals`).
 
     ``lockstep`` (decode runs of 1-token prompts): every step schedules exactly one token per
     running request (a decode token, or the one prompt token of a newly admitted request), so
     ``batched_tokens_mean`` is the running count (vLLM exposes no per-step token count)."""
     rows = []
     sc = run.scrapes
-    for a, b in zip(sc[:-1], sc[1:]):
+    for a, b in _intervals(sc, period_gaps):
         dn = b.tpot_count - a.tpot_count
         if dn <= 0 or a.waiting <= 0 or b.waiting <= 0:
             continue
@@ -345,7 +375,8 @@ class Profiler:
         n_prompts = self.n_prompts(setup, outl)
         info, run = self.run_base(setup, study, url, kv, restrict, inl, outl, n_prompts,
                                   period_steps=outl + 1)
-        wins = _windows(run, info["base"], restrict, lockstep=inl == 1)
+        wins = _windows(run, info["base"], restrict, lockstep=inl == 1,
+                        period_gaps=setup.max_num_seqs * (outl - 1) if inl == 1 else None)
         scale = self.a.time_scale
         row = info["row"]
         row["duration_s"] = run.wall_s * scale
@@ -370,7 +401,8 @@ class Profiler:
     def run_all(self, plan: StudyPlan) -> None:
         from twin.cli_support import progress
         self.plan = plan
-        ranks = sorted(set(plan.load_ranks) | set(plan.rank_runs) | {8})
+        ranks = sorted(set(plan.load_ranks) | set(plan.rank_runs) | {r for _, r in plan.kv_grid}
+                       | {8})
         from .dummy_adapters import write_rank_adapters
         self.adapter_dirs = write_rank_adapters(self.work / "adapters", ranks,
                                                 self.a.model_name, self.a.model_config,
@@ -432,7 +464,8 @@ class Profiler:
                         n_prompts = self.n_prompts(setup, outl)
                         info, run = self.run_base(setup, "rank", url, kv, k, inl, outl, n_prompts,
                                                   period_steps=outl + 1)
-                        wins = [w for w in _windows(run, info["base"], k, lockstep=inl == 1)
+                        wins = [w for w in _windows(run, info["base"], k, lockstep=inl == 1,
+                                                    period_gaps=seqs * (outl - 1))
                                 if w["running_start"] == w["running_end"]]
                         if not wins:
                             continue

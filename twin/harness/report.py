@@ -8,6 +8,8 @@ import math
 from .measurement import COMPARED, ServingMetrics
 from .verify import VerifyResult, relative
 
+LAG_WARN_MS = 50.0   # twin serve behind its clock by more than this: latencies inflated
+
 LABELS = {"throughput_tps": "throughput (tok/s)", "mean_ttft_ms": "mean TTFT (ms)",
           "p50_ttft_ms": "median TTFT (ms)", "p99_ttft_ms": "p99 TTFT (ms)",
           "mean_tpot_ms": "mean TPOT (ms)", "mean_itl_ms": "mean ITL (ms)",
@@ -35,7 +37,8 @@ def report_dict(r: VerifyResult) -> dict:
                   "server_preemptions": g.server_preemptions,
                   "twin_preemptions": g.twin_preemptions,
                   "twin_arrivals_from": g.twin_arrivals_from,
-                  "transit_ms_wall": g.transit_ms} for g in r.gpus],
+                  "transit_ms_wall": g.transit_ms,
+                  "server_clock_lag_s": g.server_lag_s} for g in r.gpus],
         "relative_difference": relative(r),
     }
 
@@ -92,4 +95,8 @@ def to_markdown(r: VerifyResult) -> str:
               if g.transit_ms > 0 else "")
         lines += ["", f"{kv}{pre}; request errors: {errs}; the twin replayed the "
                   f"{g.twin_arrivals_from}{tr}.", ""]
+        if g.server_lag_s is not None and g.server_lag_s * 1000.0 > LAG_WARN_MS:
+            lines += [f"**Warning:** the stand-in fell up to {g.server_lag_s * 1000:.0f} ms (twin "
+                      "time) behind its clock (CPU busy): its tokens reached the client late, so "
+                      "the measured latencies are inflated; lower --time-scale or free CPU.", ""]
     return "\n".join(lines)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -49,6 +48,7 @@ class GpuOutcome:
     twin_preemptions: int
     twin_arrivals_from: str
     transit_ms: float
+    server_lag_s: float | None     # twin serve: largest lag of its engine behind the clock
 
 
 @dataclass(frozen=True)
@@ -234,12 +234,13 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
             kv = (int(float(cc["num_gpu_blocks"])) * int(float(cc["block_size"]))
                   if "num_gpu_blocks" in cc and "block_size" in cc else None)
             pre = metric_value(samples, "vllm:num_preemptions_total")
+            lag = metric_value(samples, "twin:virtual_clock_lag_seconds")
         except (ValueError, KeyError):
-            kv, pre = None, None
+            kv, pre, lag = None, None, None
         outcomes.append(GpuOutcome(g.gpu, url, g.max_loras, g.max_lora_rank, len(g.adapters),
                                    measured, twin, errors, kv, run.kv_blocks * load_profile(
                                        g.profile).block_size, pre, int(rm.preemptions),
-                                   arrivals_from, 1000.0 * transit))
+                                   arrivals_from, 1000.0 * transit, lag))
         for key, v in (("arr", arr), ("in", inl), ("out", outl), ("first", first),
                        ("finish", finish), ("gaps", gaps)):
             pooled_m[key].append(v)
