@@ -15,10 +15,13 @@ re-plan keeps what still works:
    time until the twin accepts it (largest first: the fewest moves for the load shed);
 4. **placing** the shed and the new adapters — largest load first onto the kept GPU with the
    most predicted headroom (fast surrogate at the GPU's own Amax; rank within its
-   ``max_lora_rank``), each receiving GPU checked by the twin and rolled back if rejected; what
-   remains goes to new GPUs by the greedy fill (``greedy.greedy_plans``);
+   ``max_lora_rank``; when the cautious surrogate accepts none, the least-loaded such GPU),
+   each receiving GPU checked by the twin (at its Amax, else at the Amax the
+   twin finds best: a restart) and rolled back if rejected; what remains goes to new GPUs by
+   the greedy fill (``greedy.greedy_plans``);
 5. **draining** — while the churn budget allows (``max_moves``, or ``churn_weight`` x adapters
-   on the GPU < 1 GPU), the least-loaded GPU is emptied into the others the same way, kept only
+   on the GPU < 1 GPU), the GPU cheapest to empty (fewest adapters, then least load: often one
+   opened earlier for a few hot adapters) is emptied into the others the same way, kept only
    when the twin accepts every receiver;
 6. **final verification** of the whole plan (``optim.verify``); GPUs it rejects go through
    step 3 again (their shed adapters to new GPUs) until accepted or ``max_rounds``.
@@ -67,7 +70,8 @@ class ReplanOptions:
 
     def __post_init__(self) -> None:
         if not (self.churn_weight >= 0 and np.isfinite(self.churn_weight)):
-            raise ValueError(f"churn_weight: must be a finite number >= 0, got {self.churn_weight!r}")
+            raise ValueError("churn_weight: must be a finite number >= 0, got "
+                             f"{self.churn_weight!r}")
         if self.max_moves is not None and self.max_moves < 0:
             raise ValueError(f"max_moves: must be >= 0, got {self.max_moves!r}")
 
@@ -276,27 +280,40 @@ def _insert(inst: Instance, gpus: list[GpuPlan], adapters: Sequence[Adapter], he
     added: dict[int, list[Adapter]] = {}
     margins = {j: head.margin(g) for j, g in enumerate(gpus) if j not in exclude}
     left: list[Adapter] = []
+    def load(j: int) -> float:
+        return gpus[j].offered_tps + sum(x.rate for x in added.get(j, [])) * inst.mean_tokens
+
     for a in sorted(adapters, key=lambda a: (-a.rate, a.id)):
         best, best_m = None, 1.0
-        for j, m0 in margins.items():
-            g = gpus[j]
-            if m0 is None or a.rank > g.max_lora_rank:
+        fits = [j for j in margins if a.rank <= gpus[j].max_lora_rank]
+        for j in fits:
+            if margins[j] is None:
                 continue
-            m = head.margin(g, added.get(j, []) + [a])
+            m = head.margin(gpus[j], added.get(j, []) + [a])
             if m is not None and m > best_m:
                 best, best_m = j, m
+        if best is None and fits:
+            # the surrogate is cautious near capacity (greedy's compaction exists for that):
+            # try the least-loaded GPU that can hold the rank; the twin decides below
+            best = min(fits, key=load)
         if best is None:
             left.append(a)
         else:
             added.setdefault(best, []).append(a)
     if not added:
         return gpus, left
+    from .amax_search import twin_best_amax
     js = sorted(added)
     cands = [_with(inst, gpus[j], list(gpus[j].adapters) + [(a, 1.0) for a in added[j]])
              for j in js]
     for j, c, m in zip(js, cands, _twin(inst, cands, js, duration_s, workers)):
         if m.ok:
             gpus[j] = replace(c, verified=m)
+            continue
+        best = None if m.memory_error else \
+            twin_best_amax(inst, c, inst.seed + j, duration_s, workers)[0]
+        if best is not None:                 # another Amax serves it: a restart, no move
+            gpus[j] = best
         else:
             left.extend(added[j])
     return gpus, left
@@ -366,16 +383,20 @@ def _incremental(prev: Placement, inst: Instance, opts: ReplanOptions, dur: floa
         gpus = list(p.gpus)
         if p.verdict == "accepted" or rounds >= opts.max_rounds:
             break
-    # step 5: drain the least-loaded GPUs while the budget allows
+    # step 5: drain GPUs while the budget allows, the cheapest first (fewest adapters to move,
+    # then least load); a GPU whose drain failed is not tried again
     tries = 0
+    tried: set[tuple[str, ...]] = set()
     while p.verdict == "accepted" and len(gpus) > 1 and tries < opts.max_drain_attempts:
-        order = sorted(range(len(gpus)), key=lambda j: gpus[j].offered_tps)
-        j = next((j for j in order if opts.max_moves is not None or
-                  opts.churn_weight * gpus[j].n_adapters < 1.0), None)
-        if j is None or not budget_left(gpus[j].n_adapters):
+        order = sorted(range(len(gpus)), key=lambda j: (gpus[j].n_adapters, gpus[j].offered_tps))
+        j = next((j for j in order if tuple(sorted(_ids(gpus[j]))) not in tried
+                  and all(s >= 1.0 for _, s in gpus[j].adapters)        # no split adapters
+                  and (opts.max_moves is not None or
+                       opts.churn_weight * gpus[j].n_adapters < 1.0)
+                  and budget_left(gpus[j].n_adapters)), None)
+        if j is None:
             break
-        if any(s < 1.0 for _, s in gpus[j].adapters):
-            break                                  # split adapters: not drained here
+        tried.add(tuple(sorted(_ids(gpus[j]))))
         tries += 1
         rest = gpus[:j] + gpus[j + 1:]
         rest_origin = origin[:j] + origin[j + 1:]
