@@ -19,7 +19,7 @@ a placement that cannot fit is not returned.
 
 Portfolio. The fill runs on the whole pool and on each single type, each ranked by the
 objective's efficiency and by load alone (the most load per GPU: packing tightly can be the only
-way to fit a scarce pool); the best plan by the objective is kept, so the mixed greedy never
+way to fit a scarce pool), and under a power budget also by load per watt; the best plan by the objective is kept, so the mixed greedy never
 does worse than the best homogeneous greedy plan.
 
 Twin loop. With verification, every GPU is replayed with its own profile and cap. A rejected
@@ -192,7 +192,8 @@ def plan_configurations(inst: Instance, configs: Sequence[GpuConfig], kind: str,
     avail = {t.name: t.count for t in inst.gpu_types if t.name in allowed}
     loads = [inst.load_tps(a) for a in inst.adapters]
     best = None
-    for rank_by in dict.fromkeys((kind, "gpus")):
+    rankings = (kind, "gpus") + (("energy",) if inst.power_budget_w is not None else ())
+    for rank_by in dict.fromkeys(rankings):
         bins = fill_plan(cfgs, inst.adapters, loads, avail, rank_by)
         if bins is None:
             continue

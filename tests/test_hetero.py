@@ -97,7 +97,8 @@ def test_cost_with_one_type_at_price_1_is_the_gpu_count_optimum(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("kind", ["cost", "energy"])
-def test_exact_matches_brute_force_on_tiny_two_type_instances(seed, kind):
+@pytest.mark.parametrize("solver", ["cpsat", "milp"])
+def test_exact_matches_brute_force_on_tiny_two_type_instances(seed, kind, solver):
     rng = np.random.default_rng(100 + seed)
     n = int(rng.integers(3, 6))
     inst = _inst(rng.uniform(3, 20, n), {"big": int(rng.integers(1, 3)), "small": 3},
@@ -107,7 +108,7 @@ def test_exact_matches_brute_force_on_tiny_two_type_instances(seed, kind):
                _cfg("small", 6500, amax=2, price=inst.gpu_type("small").price_per_hour,
                     idle=60, slope=0.03)]
     want = _brute(inst, configs, kind)
-    bins, proven, bound = _solve_model(inst, configs, kind, 20, None, 2)
+    bins, proven, bound = _solve_model(inst, configs, kind, 20, None, 2, solver)
     loads = [inst.load_tps(a) for a in inst.adapters]
     if want == float("inf"):
         assert bins is None and proven

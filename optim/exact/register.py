@@ -26,15 +26,11 @@ def _run(solver: str, name: str):
     def fn(inst: Instance, objective, options: MethodOptions) -> Placement:
         ex = options.extra
         if inst.uses_configurations or objective.name == "energy":   # template model
-            if solver != "cpsat":
-                return Placement(inst.name, name, "failed", notes=(
-                    f"{name}: instances with catalog GPU types, power caps, a power budget or "
-                    "the energy objective are solved by cpsat (the configuration template "
-                    "model, optim.exact.templates)",))
             from .templates import solve_templates
             return solve_templates(inst, objective.name, options.time_limit_s,
                                    ex.get("verify", False), ex.get("duration_s"),
-                                   ex.get("workers"), ex.get("threads"), method=name)
+                                   ex.get("workers"), ex.get("threads"), method=name,
+                                   solver=solver)
         return solve_exact(inst, objective, solver=solver, time_limit_s=options.time_limit_s,
                            threads=ex.get("threads"), warm_start=ex.get("warm_start", True),
                            verify=ex.get("verify", False), duration_s=ex.get("duration_s"),
@@ -59,7 +55,8 @@ def auto(inst: Instance, objective, options: MethodOptions) -> Placement:
 def register() -> None:
     from .. import methods
     if "milp" not in methods._REGISTRY:
-        register_method("milp", _run("milp", "milp"), objectives=("gpus", "cost", "latency"),
+        register_method("milp", _run("milp", "milp"),
+                        objectives=("gpus", "cost", "latency", "energy"),
                         description="exact MILP (Pyomo + HiGHS), twin in the loop")
         register_method("cpsat", _run("cpsat", "cpsat"),
                         objectives=("gpus", "cost", "latency", "energy"),
