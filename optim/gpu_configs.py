@@ -15,10 +15,11 @@ the same way, with the twin, and cached on disk like the carry limits (``optim.c
   configuration may hold at most ``amax`` adapters of rank <= ``max_rank`` with total load <=
   capacity: with fewer adapters than slots each step does no more LoRA work than in the
   measurement, and lower ranks run at the server's ``max_lora_rank`` anyway.
-* **Power** ``power_w(load) = idle_fit_w + w_per_tps x load``: a least-squares line through the
-  twin's average power (``twin.power``) at ``POWER_LOAD_FRACTIONS`` of the capacity (first
-  seed). Linear, so the exact template model can encode it; the twin's own power is what
-  verification reports.
+* **Power** ``power_w(load) = idle_fit_w + w_per_tps x load``: the least-squares line through
+  the twin's average power (``twin.power``) at ``POWER_LOAD_FRACTIONS`` of the capacity (first
+  seed), raised by its largest residual so that it is not below any measured point (power
+  budgets are checked against it). Linear, so the exact template model can encode it; the
+  twin's own power is what verification reports.
 
 A catalog GPU + model type resolves to the shipped measured profile when there is one (a
 measured profile always wins) or to a derived profile written once to the cache directory
@@ -278,12 +279,23 @@ def config_index(inst, workers: int | None = None, quiet: bool = True) -> list[G
     out = []
     for (tname, p, cap, a, r), key in zip(specs, keys):
         d = disk[key]
+        pts = tuple((float(x), float(y)) for x, y in d["power_points"])
+        icpt, slope = power_line(pts)
         out.append(GpuConfig(tname, p, profs[p].is_derived, cap, a, r,
                              types[tname].price_per_hour, float(d["capacity_tps"]),
-                             tuple(d["per_seed_tps"]), float(d["idle_fit_w"]),
-                             float(d["w_per_tps"]),
-                             tuple((float(x), float(y)) for x, y in d["power_points"])))
+                             tuple(d["per_seed_tps"]), icpt, slope, pts))
     return out
+
+
+def power_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept W, slope W per tok/s) of the least-squares line through (load, power) points,
+    slope at least 0, raised by the largest residual (no point lies above it)."""
+    x = np.array([p[0] for p in points])
+    y = np.array([p[1] for p in points])
+    slope, icpt = np.polyfit(x, y, 1)
+    slope = max(float(slope), 0.0)
+    icpt = float(np.max(y - slope * x))
+    return icpt, slope
 
 
 def derived_note(inst) -> str | None:

@@ -325,3 +325,13 @@ def test_bad_hetero_instance_is_one_line_on_the_command_line(tmp_path, capsys):
     assert main(["solve", str(f), "--method", "greedy", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "gpus[0].power_caps_w[0]" in err and "1000" in err
+
+
+@settings(max_examples=50, deadline=None)
+@given(pts=st.lists(st.tuples(st.floats(100, 20000), st.floats(50, 700)), min_size=2,
+                    max_size=6, unique_by=lambda p: round(p[0])))
+def test_power_line_is_never_below_a_measured_point(pts):
+    from optim.gpu_configs import power_line
+    icpt, slope = power_line(pts)
+    assert slope >= 0
+    assert all(icpt + slope * x >= y - 1e-6 * max(1.0, y) for x, y in pts)
