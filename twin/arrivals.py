@@ -3,7 +3,8 @@
 Rate shapes are multiplier functions of time ``m(t) >= 0`` (a request stream of base rate
 ``rate`` then has intensity ``rate * m(t)``):
 
-* ``Diurnal(amplitude, period_s, phase_s)`` — ``1 + amplitude * sin(2 pi (t - phase_s) / period_s)``;
+* ``Diurnal(amplitude, period_s, phase_s)`` —
+  ``1 + amplitude * sin(2 pi (t - phase_s) / period_s)``;
 * ``StepDrift(at_s, multipliers)`` — piecewise constant: ``multipliers[k]`` from ``at_s[k-1]``
   (or 0) to ``at_s[k]``;
 * ``FlashCrowd(start_s, peak, rise_s, hold_s, decay_s)`` — 1, a linear rise to ``peak``, a hold,
@@ -133,7 +134,8 @@ class StepDrift:
     kind = "step"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.at_s, (list, tuple)) or not isinstance(self.multipliers, (list, tuple)):
+        if not (isinstance(self.at_s, (list, tuple))
+                and isinstance(self.multipliers, (list, tuple))):
             raise WorkloadError("step: at_s and multipliers must be lists of numbers")
         at = tuple(_num(f"step.at_s[{i}]", v, minimum=0) for i, v in enumerate(self.at_s))
         m = tuple(_num(f"step.multipliers[{i}]", v, minimum=0)
@@ -366,7 +368,8 @@ class MarkovModulatedArrivals:
         mean = (1 - p) * self.calm + p * self.burst
         return rate * self.calm / mean, rate * self.burst / mean
 
-    def sample_times(self, rate: float, duration: float, rng: np.random.Generator | int) -> np.ndarray:
+    def sample_times(self, rate: float, duration: float, rng: np.random.Generator | int
+                     ) -> np.ndarray:
         rate = _num("MarkovModulatedArrivals rate", rate, minimum=0, strict=True)
         duration = _num("MarkovModulatedArrivals duration", duration, minimum=0)
         g = _generator(rng)
@@ -397,7 +400,8 @@ class ShapedArrivals:
     shape: Any
     kind = "shaped"
 
-    def sample_times(self, rate: float, duration: float, rng: np.random.Generator | int) -> np.ndarray:
+    def sample_times(self, rate: float, duration: float, rng: np.random.Generator | int
+                     ) -> np.ndarray:
         rate = _num("ShapedArrivals rate", rate, minimum=0, strict=True)
         duration = _num("ShapedArrivals duration", duration, minimum=0)
         g = _generator(rng)
@@ -416,16 +420,17 @@ class ShapedArrivals:
 
 
 def nonstationary_from_dict(d: Any, where: str = "arrivals") -> Any:
-    """``{"kind": "markov_modulated", ...}`` or ``{"kind": "shaped", "base": {...}, "shape": {...}}``; any
-    other kind goes to :func:`twin.workload.arrival_process_from_dict`."""
+    """``{"kind": "markov_modulated", ...}`` or
+    ``{"kind": "shaped", "base": {...}, "shape": {...}}``; any other kind goes to
+    :func:`twin.workload.arrival_process_from_dict`."""
     if not isinstance(d, dict) or "kind" not in d:
         raise WorkloadError(f"{where}: expected an object with a 'kind' field, got {d!r}")
     kind, params = d["kind"], {k: v for k, v in d.items() if k != "kind"}
     if kind == "markov_modulated":
         req = {"calm", "burst", "calm_s", "burst_s"}
         if set(params) != req:
-            raise WorkloadError(f"{where}: 'markov_modulated' needs exactly the fields {sorted(req)}, got "
-                                f"{sorted(params)}")
+            raise WorkloadError(f"{where}: 'markov_modulated' needs exactly the fields "
+                                f"{sorted(req)}, got {sorted(params)}")
         try:
             return MarkovModulatedArrivals(**params)
         except WorkloadError as e:
@@ -479,7 +484,8 @@ class Workload:
         A trace workload returns its trace."""
         if self.trace is not None:
             return self.trace[1]
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                or not 0 <= seed < 2**32):
             raise WorkloadError(f"seed: must be an integer in [0, 2^32), got {seed!r}")
         lengths = self.lengths
         if lengths is None:
@@ -530,18 +536,19 @@ def workload_from_dict(d: Any, base_dir: str | os.PathLike = ".", where: str = "
 
         {
           "duration_s": 1200,                     # required, > 0
-          "lengths": {"kind": "sharegpt"},        # optional length model (twin.lengths); default ShareGPT-like
+          "lengths": {"kind": "sharegpt"},        # optional length model (twin.lengths)
           "arrivals": {"kind": "poisson"},        # optional base process of every adapter:
-                                                  #   poisson | gamma | lognormal | rate_switching | markov_modulated
+                                                  #   poisson | gamma | lognormal |
+                                                  #   rate_switching | markov_modulated
           "rate_shape": {"kind": "diurnal", ...}, # optional global multiplier of time
           "adapters": [                           # either a list ...
             {"id": "a0", "rank": 16, "rate": 0.5, # rate = base rate (req/s), times the shapes
              "rate_shape": {...},                 #   optional, this adapter's own shape
              "arrivals": {...},                   #   optional, overrides the base process
-             "active_s": [0, 600]}                #   optional [t_on, t_off) (t_off null = never retires)
+             "active_s": [0, 600]}                #   optional [t_on, t_off) (null: never retires)
           ],
           "adapters_csv": "adapters.csv",         # ... or a CSV id,rank,rate (relative to the file)
-          "trace": "trace.csv"                    # ... or a trace (as `twin run --trace`: arrival_s,
+          "trace": "trace.csv"                    # ... or a trace (`twin run --trace`: arrival_s,
         }                                         #   adapter_id, input_tokens, output_tokens, rank)
 
     Shapes: ``diurnal`` {amplitude, period_s, phase_s}, ``step`` {at_s, multipliers},
@@ -589,7 +596,8 @@ def workload_from_dict(d: Any, base_dir: str | os.PathLike = ".", where: str = "
                     if "rate_shape" in d else None)
     if "adapters_csv" in d:
         if not isinstance(d["adapters_csv"], str):
-            raise WorkloadError(f"{where}.adapters_csv: expected a CSV path, got {d['adapters_csv']!r}")
+            raise WorkloadError(f"{where}.adapters_csv: expected a CSV path, "
+                                f"got {d['adapters_csv']!r}")
         try:
             items = [{"id": a.id, "rank": a.rank, "rate": a.rate}
                      for a in load_adapters_csv(base_dir / d["adapters_csv"])]

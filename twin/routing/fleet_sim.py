@@ -29,7 +29,8 @@ from ..workload import Adapter, Requests
 from .policies import Router
 from .snapshot import GpuSnapshot, RouteRequest, reference_step_ms
 
-STARVED_WAIT_S = 30.0   # a GPU-minute is starved when a request there waits longer for its first token
+# a GPU-minute is starved when a request there has waited longer than this for its first token
+STARVED_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,12 @@ finish.
 
 Routing: the home with the lowest predicted TTFT; with probability ``explore`` a home at random
 (seeded) among those predicted within ``explore_within`` (log TTFT, default log 2: at most twice
-the best) — exploration that stays out of the TTFT tail it is judged on. It falls back to the affinity + load scorer while it has fewer than ``min_samples``
-samples and whenever a candidate's features lie outside the training range (by more than
-``ood_margin`` of the range): a model is not trusted out of distribution.
+the best) — exploration that stays out of the TTFT tail it is judged on. It falls back to the
+affinity + load scorer while it has fewer than ``min_samples`` samples and whenever a
+candidate's features lie outside the training range (by more than ``ood_margin`` of the range):
+a model is not trusted out of distribution. It minimises each request's own predicted TTFT; the
+slots and batch room that request takes from others are not priced (see the README's routing
+study: this loses to the affinity scorer under a flash crowd).
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class LearnedRouter(_Seeded):
             raise ValueError(f"learned router explore: must be in [0, 1), got {explore!r}")
         if not (np.isfinite(ood_margin) and ood_margin >= 0):
             raise ValueError(f"learned router ood_margin: must be >= 0, got {ood_margin!r}")
-        self.refit_every, self.min_samples, self.window = int(refit_every), int(min_samples), int(window)
+        self.refit_every, self.min_samples = int(refit_every), int(min_samples)
+        self.window = int(window)
         self.explore, self.ood_margin, self.alpha = float(explore), float(ood_margin), float(alpha)
         if not (np.isfinite(explore_within) and explore_within >= 0):
             raise ValueError(f"learned router explore_within: must be >= 0, got {explore_within!r}")
@@ -117,7 +121,8 @@ class LearnedRouter(_Seeded):
     def _index(gpu: int, snapshots: Sequence[GpuSnapshot]) -> int:
         return next(i for i, s in enumerate(snapshots) if s.gpu == gpu)
 
-    def predict_log_ttft(self, request: RouteRequest, snapshots: Sequence[GpuSnapshot]) -> np.ndarray | None:
+    def predict_log_ttft(self, request: RouteRequest, snapshots: Sequence[GpuSnapshot]
+                         ) -> np.ndarray | None:
         """The model's log TTFT (s) per candidate, or None before the first fit."""
         if self._coef is None:
             return None

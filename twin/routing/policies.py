@@ -40,7 +40,8 @@ class _Seeded:
     name = "base"
 
     def __init__(self, seed: int) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                or not 0 <= seed < 2**32):
             raise ValueError(f"router seed: must be an integer in [0, 2^32), got {seed!r}")
         self.rng = np.random.default_rng(int(seed))
 

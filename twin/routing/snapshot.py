@@ -6,8 +6,8 @@ when the step that produced the last token ends), and the server's scheduler sta
 last step boundary (vLLM publishes its stats once per step): running and waiting requests, KV
 blocks in use, the adapters in GPU slots. ``active_adapters`` (distinct adapters with requests
 outstanding, gateway side) against ``max_loras`` says whether a cold adapter can get a slot at
-once (a batch holds at most ``max_loras`` distinct adapters). ``speed_ms`` is the GPU's step time for a reference
-batch (64 decodes of 400-token contexts), which tells GPU types apart.
+once (a batch holds at most ``max_loras`` distinct adapters). ``speed_ms`` is the GPU's step
+time for a reference batch (64 decodes of 400-token contexts), which tells GPU types apart.
 """
 
 from __future__ import annotations
