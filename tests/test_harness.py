@@ -81,11 +81,11 @@ def test_profile_round_trip_recovers_the_served_profile(tmp_path):
     from twin.calibrate import calibrate
     from twin.harness.profile_runs import Profiler, StudyPlan, write_tables
     from twin.harness.round_trip import (ZERO_COEF_SHARE, coefficient_checks, kv_mismatches,
-                                         load_errors)
+                                         load_errors, slot_cost_error)
     from twin.profile import load_profile
 
     plan = StudyPlan(no_lora_seqs=(16, 192), decode_lengths=((1, 64), (1, 256)),
-                     prefill_inputs=(300, 700),
+                     prefill_inputs=(1000, 3000),
                      lora_configs=((8, 64), (8, 160), (64, 64), (64, 160)),
                      lora_adapter_factors=(0.125, 1.0), rank_runs=(),
                      kv_grid=((8, 8), (64, 32), (384, 32)), load_ranks=(8, 16),
@@ -101,13 +101,14 @@ def test_profile_round_trip_recovers_the_served_profile(tmp_path):
     checks = {c.name: c for c in coefficient_checks(ref, fitted)}
     # identified by this subset: the knee term needs more batch sizes and the rank term the rank
     # study (both in `--study quick`: experiments/profile_round_trip.py, README); the context
-    # term trades with the knee here (asserted within 10 %); the waiting-queue term, under 0.5 %
-    # of a step at the queues reached, is not recovered within 5 %
-    for name in ("base_ms", "per_token_ms", "lora_base_ms", "per_token_kslot_ms",
-                 "per_lora_tile_ms"):
+    # term trades with the knee here (asserted within 10 %); the per-slot terms c5 and c6 are
+    # recovered as their sum at a reference step (the LoRA windows vary the batch too little to
+    # separate them); the waiting-queue term (< 0.5 % of a step here) is not asserted
+    for name in ("base_ms", "per_token_ms", "lora_base_ms", "per_lora_tile_ms"):
         assert abs(checks[name].relative_error) <= 0.05, checks[name]
     assert abs(checks["per_kctx_ms"].relative_error) <= 0.10, checks["per_kctx_ms"]
-    for name in ("per_seq_ms", "per_slot_ms", "per_adapter_ms"):
+    assert abs(slot_cost_error(ref, fitted)) <= 0.05
+    for name in ("per_seq_ms", "per_adapter_ms"):
         assert checks[name].contribution <= ZERO_COEF_SHARE, checks[name]
     assert kv_mismatches(ref, fitted) == []
     assert set(fitted.kv_capacity) == {(8, 8), (64, 32)}      # (384, 32) does not start

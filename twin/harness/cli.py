@@ -78,11 +78,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
     from .dummy_adapters import write_rank_adapters
     from .launch import launch_servers
     from .plan_workload import plan_workload
-    from .report import to_json, to_markdown
+    from .report import plot, to_json, to_markdown
     from .verify import check_endpoints, run_verify, server_specs
 
     out_json = check_output(f"{a.out}.json", "--out", a.force)
     out_md = check_output(f"{a.out}.md", "--out", a.force)
+    out_plot = check_output(a.plot, "--plot", a.force)
     check_input_file(a.plan, "plan")
     if a.instance:
         check_input_file(a.instance, "--instance")
@@ -145,6 +146,9 @@ def cmd_verify(a: argparse.Namespace) -> int:
     write_output(out_md, md)
     print(md)
     print(f"wrote {out_json} and {out_md}")
+    if out_plot is not None:
+        plot(result, out_plot)
+        print(f"wrote {out_plot}")
     return EXIT_REJECTED if result.total_measured.starved else EXIT_OK
 
 
@@ -203,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder with one PEFT adapter per adapter id (default: dummy adapters)")
     v.add_argument("--out", required=True, metavar="PREFIX",
                    help="write PREFIX.json and PREFIX.md")
+    v.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw measured vs twin per metric and GPU")
     v.add_argument("--force", action="store_true", help="overwrite the report files")
     v.set_defaults(func=cmd_verify)
 

@@ -16,7 +16,8 @@ calibration CSV schema (``<out>/calibration/*.csv``, columns as in the shared da
   lengths) and ``lora_decode_overhead`` (LoRA on; several ``--max-loras`` / batch sizes and
   numbers of distinct adapters, pre-loaded; with as many adapters as slots the batch is full
   and the waiting queue is scanned). ``prefill_baseline``: prompt-only runs (two output tokens:
-  each request's one gap is the next step, as full of prompt tokens as the others). Only
+  each request's one gap is the next step, as full of prompt tokens as the others; long
+  prompts, so that a few hundred requests, all sent at once, fill hundreds of steps). Only
   windows with requests waiting at both ends (a saturated server) are kept.
 * ``step_latency_runs.csv`` — one row per run (totals, mean ITL/TTFT, KV capacity). vLLM does
   not expose the scheduler's own time: those columns stay empty and ``twin calibrate`` then
@@ -56,11 +57,22 @@ from .client import metric_labels, metric_value, parse_prometheus
 from .plan_workload import prompt_ids
 
 TPOT = "vllm:time_per_output_token_seconds"
-SCRAPES_PER_PERIOD = 8      # scrapes per lockstep cohort period (decode runs)
+SCRAPES_PER_PERIOD = 12     # scrapes per lockstep cohort period (decode runs)
 MIN_SCRAPE_WALL_S = 0.004   # never scrape more often than this
 PERIOD_TOLERANCE = 0.08     # a window may differ from a whole period by this share of its gaps
 TTFT = "vllm:time_to_first_token_seconds"
-CONNECTIONS = 1000          # concurrent HTTP connections of a saturated run
+def _connection_limit() -> int:
+    """Concurrent HTTP connections of a saturated run: every prompt in flight at once (so the
+    server's queue never waits for the client), within the open-file limit."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return int(max(64, min(4096, soft - 256)))
+
+
+CONNECTIONS = _connection_limit()
 RUN_TIMEOUT_S = 3600.0      # wall bound of one run
 
 
@@ -85,13 +97,14 @@ class StudyPlan:
 STUDIES = {
     "quick": StudyPlan(no_lora_seqs=(16, 64, 192, 256, 320, 384),
                        decode_lengths=((1, 64), (1, 256)),
-                       prefill_inputs=(300, 700), lora_configs=((8, 64), (64, 64), (64, 160)),
+                       prefill_inputs=(1000, 3000),
+                       lora_configs=((8, 64), (8, 160), (64, 64), (64, 160)),
                        lora_adapter_factors=(0.125, 0.5, 1.0), rank_runs=(8, 16, 32),
                        kv_grid=((8, 8), (64, 8), (32, 16), (64, 32), (384, 8), (384, 32)),
                        load_ranks=(8, 16, 32), steady_steps=500, load_requests=4),
     "full": StudyPlan(no_lora_seqs=(8, 16, 32, 64, 128, 192, 256, 320, 384, 512),
                       decode_lengths=((1, 100), (1, 200), (1, 400)),
-                      prefill_inputs=(100, 300, 700, 1500),
+                      prefill_inputs=(700, 1000, 1500, 3000, 6000),
                       lora_configs=tuple((a, n) for a in (8, 32, 64, 128, 256) for n in (64, 192)),
                       lora_adapter_factors=(0.0625, 0.25, 0.5, 1.0),
                       rank_runs=(8, 16, 32),
@@ -252,9 +265,15 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
     ``batched_tokens_mean`` is the running count (vLLM exposes no per-step token count)."""
     rows = []
     sc = run.scrapes
+    full = max(x.running for x in sc)
     for a, b in _intervals(sc, period_gaps):
         dn = b.tpot_count - a.tpot_count
         if dn <= 0 or a.waiting <= 0 or b.waiting <= 0:
+            continue
+        # a scrape taken after some requests of a cohort finished and before their successors
+        # were admitted shows fewer running; one a period later shows the same dip (same
+        # phase) and would pass calibrate's equality test with the wrong batch size
+        if period_gaps and (a.running < full or b.running < full):
             continue
         rows.append({**base, "window_start_s": a.wall - sc[0].wall, "window_len_s": b.wall - a.wall,
                      "n_steps": np.nan,
@@ -389,7 +408,8 @@ class Profiler:
         """Saturated prefill: every step fills the token budget with prompt tokens. Two output
         tokens per request, so each request's one inter-token gap is the duration of the next
         (equally full) step, as the server records it."""
-        n_prompts = int(np.ceil(self.plan.steady_steps * self.a.max_num_batched_tokens / inl))
+        n_prompts = min(int(np.ceil(self.plan.steady_steps * self.a.max_num_batched_tokens / inl)),
+                        CONNECTIONS)
         info, run = self.run_base(setup, "prefill_baseline", url, kv, 0, inl, 2, n_prompts)
         row = info["row"]
         row["duration_s"] = run.wall_s * self.a.time_scale

@@ -100,3 +100,30 @@ def to_markdown(r: VerifyResult) -> str:
                       "time) behind its clock (CPU busy): its tokens reached the client late, so "
                       "the measured latencies are inflated; lower --time-scale or free CPU.", ""]
     return "\n".join(lines)
+
+
+def plot(r: VerifyResult, path) -> None:
+    """Bar chart of measured vs twin relative differences, one group per metric, one bar per GPU
+    and the pooled total (saved to ``path``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rel = relative(r)
+    parts = ["total"] + [f"gpu{g.gpu}" for g in r.gpus]
+    x = np.arange(len(COMPARED))
+    width = 0.8 / len(parts)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for i, part in enumerate(parts):
+        vals = [100.0 * (rel[part][k] if rel[part][k] is not None else np.nan) for k in COMPARED]
+        ax.bar(x + (i - (len(parts) - 1) / 2) * width, vals, width, label=part)
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xticks(x, [LABELS[k] for k in COMPARED], rotation=20, ha="right")
+    ax.set_ylabel("measured vs twin (%)")
+    ax.set_title(f"{r.workload.instance}: {r.server_kind} servers, time scale {r.time_scale:g}, "
+                 f"{r.workload.duration_s:g} s window")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
