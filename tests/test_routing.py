@@ -90,13 +90,13 @@ def _replicated_fleet(n_gpu=3, n_adapters=36, seed=0):
 @pytest.mark.parametrize("policy", ROUTER_NAMES)
 def test_no_policy_routes_outside_the_homes_and_runs_are_seeded(policy):
     plan, adapters = _replicated_fleet()
-    req = generate_requests(adapters, 120.0, default_lengths(), seed=2)
-    res = simulate_routed(plan, adapters, req, make_router(policy, 5), 120.0)
+    req = generate_requests(adapters, 60.0, default_lengths(), seed=2)
+    res = simulate_routed(plan, adapters, req, make_router(policy, 5), 60.0)
     sent = res.gpu >= 0
-    assert sent.sum() == (req.arrival_s < 120.0).sum()
+    assert sent.sum() == (req.arrival_s < 60.0).sum()
     for i in np.flatnonzero(sent):
         assert res.gpu[i] in plan.homes[req.adapter[i]]
-    again = simulate_routed(plan, adapters, req, make_router(policy, 5), 120.0)
+    again = simulate_routed(plan, adapters, req, make_router(policy, 5), 60.0)
     np.testing.assert_array_equal(res.gpu, again.gpu)
     np.testing.assert_array_equal(res.first_t, again.first_t)
 
@@ -120,10 +120,10 @@ def test_a_router_that_leaves_the_homes_is_stopped():
 
 def test_affinity_loads_fewer_adapters_than_uniform_under_zipf():
     plan, adapters = _replicated_fleet()
-    req = generate_requests(adapters, 200.0, default_lengths(), seed=8)
-    uni = simulate_routed(plan, adapters, req, make_router("uniform", 3), 200.0)
-    aff = simulate_routed(plan, adapters, req, make_router("affinity", 3), 200.0)
-    lor = simulate_routed(plan, adapters, req, make_router("least_outstanding", 3), 200.0)
+    req = generate_requests(adapters, 120.0, default_lengths(), seed=8)
+    uni = simulate_routed(plan, adapters, req, make_router("uniform", 3), 120.0)
+    aff = simulate_routed(plan, adapters, req, make_router("affinity", 3), 120.0)
+    lor = simulate_routed(plan, adapters, req, make_router("least_outstanding", 3), 120.0)
     assert aff.total_loads < 0.8 * uni.total_loads
     assert lor.mean_ttft_s < uni.mean_ttft_s      # load-aware beats blind on the same requests
 
