@@ -91,6 +91,8 @@ def format_checks(reference: GpuProfile, fitted: GpuProfile, tolerance: float = 
                      f"{'yes' if ok else 'NO'}")
     lines.append(f"* reference 0: share of a reference LoRA decode step "
                  f"(within: < {100 * ZERO_COEF_SHARE:g} %)")
+    lines.append(f"per-slot LoRA cost c5*A + c6*tok*A/1000 at the reference step: "
+                 f"{100 * slot_cost_error(reference, fitted):+.2f} %")
     kv = kv_mismatches(reference, fitted)
     lines.append(f"KV table: {len(fitted.kv_capacity)} probed configurations, "
                  f"{'all equal' if not kv else 'MISMATCH ' + '; '.join(kv)}; backbone "
