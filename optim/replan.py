@@ -24,7 +24,7 @@ re-plan keeps what still works:
    opened earlier for a few hot adapters) is emptied into the others the same way, kept only
    when the twin accepts every receiver;
 6. **final verification** of the whole plan (``optim.verify``); GPUs it rejects go through
-   step 3 again (their shed adapters to new GPUs) until accepted or ``max_rounds``.
+   step 3 again (their shed adapters placed as in step 4) until accepted or ``max_rounds``.
 
 A second candidate is a **fresh solve** (when given): its GPUs are relabelled onto the previous
 ones to maximise the adapters they share (an assignment problem, ``relabel``), and its churn is
