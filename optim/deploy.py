@@ -12,7 +12,8 @@ profile's ``serving`` mapping plus its simulated fields ``max_num_batched_tokens
 --max-model-len 131072 --dtype auto --enable-chunked-prefill --no-enable-prefix-caching
 --enable-lora --max-loras A --max-cpu-loras C --max-lora-rank R --lora-modules name=dir/id ...``
 
-(flag names as vLLM 0.8.5's ``vllm/engine/arg_utils.py`` defines them). A profile without
+(flag names of vLLM's ``vllm/engine/arg_utils.py``, checked against a copy from before 0.8 and
+vLLM's own test of ``--no-enable-prefix-caching``, not against the 0.8.5 tag). A profile without
 ``serving`` (a derived one, whose ``serving`` would be its source's) falls back: the model id
 is ``--model-id`` or, said as *assumed*, the model catalog's Hugging Face repository of the
 profile's model; the settings are what the twin models (chunked prefill on, prefix caching

@@ -68,9 +68,11 @@ from optim.verify import verify  # noqa: E402
 
 LLAMA = "llama-3.1-8b-instruct"
 
-# Flag names of `vllm serve` in vLLM 0.8.5 (vllm/engine/arg_utils.py, vllm/entrypoints/openai/
-# cli_args.py) that the generated commands use; boolean options with a --no- form are
-# argparse.BooleanOptionalAction there (enable_prefix_caching, enable_chunked_prefill).
+# Flag names of `vllm serve` (vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py) that
+# the generated commands use, as read in a stored arg_utils.py from before 0.8 (commit 001999d:
+# --enable-prefix-caching is an argparse.BooleanOptionalAction, hence --no-enable-prefix-caching;
+# vLLM's own V1 test turns prefix caching off with that flag). --no-enable-chunked-prefill is only
+# written for a profile whose serving turns chunked prefill off (none shipped).
 VLLM_085_FLAGS = {"--port", "--gpu-memory-utilization", "--max-num-batched-tokens",
                   "--max-num-seqs", "--max-model-len", "--dtype", "--enable-chunked-prefill",
                   "--no-enable-chunked-prefill", "--enable-prefix-caching",
