@@ -265,7 +265,8 @@ def solve_configurations(inst: Instance, kind: str, verify: bool, duration_s: fl
     """Greedy over configurations with the twin loop (module docstring)."""
     from .verify import verify as twin_verify
     t0 = time.perf_counter()
-    configs = list(configs) if configs is not None else config_index(inst, workers=workers)
+    configs = list(configs) if configs is not None else config_index(inst, workers=workers,
+                                                                     duration_s=duration_s)
     notes = [n for n in (derived_note(inst),) if n]
     changes: list[str] = []
     p = None

@@ -248,9 +248,14 @@ def config_specs(inst) -> list[tuple]:
     return out
 
 
-def config_index(inst, workers: int | None = None, quiet: bool = True) -> list[GpuConfig]:
+def config_index(inst, workers: int | None = None, quiet: bool = True,
+                 duration_s: float | None = None) -> list[GpuConfig]:
     """Every configuration of ``inst`` with its twin-measured capacity and power line (cached
-    on disk; see the module docstring)."""
+    on disk; see the module docstring), measured with the verification window ``duration_s``
+    (default: the instance's)."""
+    if duration_s is not None:
+        from dataclasses import replace as _replace
+        inst = _replace(inst, duration_s=float(duration_s))
     seeds = [inst.seed + s for s in range(CAPACITY_SEEDS)]
     specs = config_specs(inst)
     if not specs:

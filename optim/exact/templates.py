@@ -266,7 +266,7 @@ def solve_templates(inst: Instance, kind: str, time_limit_s: float | None, verif
     (index, searches, replays) stays within ``time_limit_s`` (default: the instance's, else 60)
     apart from a first measurement of the index."""
     from ..verify import verify as twin_verify
-    configs = config_index(inst, workers=workers)
+    configs = config_index(inst, workers=workers, duration_s=duration_s)
     t0 = time.perf_counter()
     limit = time_limit_s or inst.solver.time_limit_s or 60.0
     notes = [n for n in (derived_note(inst),) if n]
