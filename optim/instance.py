@@ -155,10 +155,12 @@ class Instance:
     @property
     def uses_configurations(self) -> bool:
         """True when placement needs the (type, cap, Amax) configuration index
-        (``optim.gpu_configs``): a type named by catalog GPU + model, power caps, a power
-        budget or the energy objective. Other instances keep the surrogate-based methods."""
+        (``optim.gpu_configs``): a type named by catalog GPU + model or running a derived
+        profile (no trained surrogates), power caps, a power budget or the energy objective.
+        Other instances keep the surrogate-based methods."""
         return (self.power_budget_w is not None or self.objective.kind == "energy"
-                or any(t.gpu is not None or t.power_caps_w for t in self.gpu_types))
+                or any(t.gpu is not None or t.power_caps_w or t.load_profile().is_derived
+                       for t in self.gpu_types))
 
     @property
     def mean_tokens(self) -> float:

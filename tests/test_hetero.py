@@ -335,3 +335,13 @@ def test_power_line_is_never_below_a_measured_point(pts):
     icpt, slope = power_line(pts)
     assert slope >= 0
     assert all(icpt + slope * x >= y - 1e-6 * max(1.0, y) for x, y in pts)
+
+
+def test_a_derived_profile_file_is_placed_by_configurations_never_by_a_surrogate(tmp_path):
+    from twin.derive import profile_for
+    prof = profile_for("A100-80GB", LLAMA)
+    f = tmp_path / "a100.json"
+    prof.to_json(f)
+    inst = instance_from_dict({"name": "d", "adapters": [{"id": "a", "rank": 16, "rate": 1.0}],
+                               "gpus": [{"name": "a100", "profile": str(f), "count": 1}]})
+    assert inst.uses_configurations
