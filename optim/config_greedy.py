@@ -17,10 +17,11 @@ value (cheapest, lowest power, ...) while units of that type remain. With a powe
 then move to lower-power configurations (largest saving first) until the predicted power fits;
 a placement that cannot fit is not returned.
 
-Portfolio. The fill runs on the whole pool and on each single type, each ranked by the
-objective's efficiency and by load alone (the most load per GPU: packing tightly can be the only
-way to fit a scarce pool), and under a power budget also by load per watt; the best plan by the objective is kept, so the mixed greedy never
-does worse than the best homogeneous greedy plan.
+Portfolio. The fill runs on the whole pool, on each single type and (pools of at most
+``MAX_SUBSET_TYPES`` types) on every subset of types, each ranked by the objective's
+efficiency and by load alone (the most load per GPU: packing tightly can be the only way to fit
+a scarce pool), and under a power budget also by load per watt; the best plan by the objective
+is kept, so the mixed greedy never does worse than the best homogeneous greedy plan.
 
 Twin loop. With verification, every GPU is replayed with its own profile and cap. A rejected
 GPU's configuration has its capacity cut below the load it failed at (0.97 x) and the greedy
@@ -29,6 +30,7 @@ runs again, up to ``MAX_TWIN_ROUNDS`` times; the changes are listed in ``Placeme
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -41,6 +43,7 @@ from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 
 MAX_TWIN_ROUNDS = 5
 DERATE = 0.97
+MAX_SUBSET_TYPES = 5            # pools of up to 5 types: the portfolio tries every subset
 
 
 @dataclass(frozen=True)
@@ -208,11 +211,16 @@ def plan_configurations(inst: Instance, configs: Sequence[GpuConfig], kind: str,
 
 def best_plan(inst: Instance, configs: Sequence[GpuConfig], kind: str,
               homogeneous_only: bool = False) -> tuple[list[Bin] | None, str]:
-    """The portfolio (module docstring): the best of the whole pool and each single type
-    (``homogeneous_only``: single types only). Returns (bins, which pool won)."""
+    """The portfolio (module docstring): the best of the whole pool, each single type and each
+    subset of types (``homogeneous_only``: single types only). Returns (bins, which pool won)."""
     loads = [inst.load_tps(a) for a in inst.adapters]
-    pools: list[tuple[str, list[str] | None]] = [] if homogeneous_only else [("mixed", None)]
-    pools += [(t.name, [t.name]) for t in inst.gpu_types]
+    names = [t.name for t in inst.gpu_types]
+    pools: list[tuple[str, list[str] | None]] = [(n, [n]) for n in names]
+    if not homogeneous_only:
+        pools.append(("mixed", None))
+        if len(names) <= MAX_SUBSET_TYPES:       # every proper subset of two or more types
+            pools += [("+".join(sub), list(sub)) for k in range(2, len(names))
+                      for sub in itertools.combinations(names, k)]
     best: tuple[float, list[Bin], str] | None = None
     for label, types in pools:
         bins = plan_configurations(inst, configs, kind, types)
