@@ -256,11 +256,13 @@ class Placement:
         ``--max-cpu-loras``, ``--max-lora-rank``, ``--lora-modules id=<adapter_dir>/<id> …``), a
         ready command line, and the routing shares the router must apply.
 
-        ``serve_command`` is the command to run: it serves ``model_id`` (the profile's served
+        ``command`` is the command to run: it serves ``model_id`` (the profile's served
         model id, ``model`` when given, else the model catalog's, said in ``model_id_source``)
         with the server settings the profile was calibrated with (``server_args``, ``env``;
-        ``optim.deploy.served_model``). ``command`` and ``model`` keep their earlier form (the
-        profile's model name) for readers of older files; vLLM cannot load that name."""
+        ``optim.deploy.served_model``); ``serve_command`` is the same string. When no model id
+        is known both are ``None`` and ``model_id_source`` says why (give ``model``): a command
+        naming the profile, which vLLM cannot load, is never written. ``model`` is the
+        profile's base-model name."""
         from twin.profile import load_profile
 
         from .deploy import served_model
@@ -278,16 +280,20 @@ class Placement:
                     "--max-lora-rank", str(g.max_lora_rank), "--lora-modules",
                     *[f"{a.id}={adapter_dir}/{a.id}" for a, _ in g.adapters]]
             out.append({"gpu": i, "gpu_type": g.gpu_type, "profile": g.profile, "model": base,
-                        "args": args, "command": " ".join(["vllm", "serve", base, *args]),
-                        "routing": {a.id: s for a, s in g.adapters},
-                        **({"serve_command": None, "model_id": None, "model_id_source": why,
+                        "args": args, "routing": {a.id: s for a, s in g.adapters},
+                        **({"command": None, "serve_command": None, "model_id": None,
+                            "model_id_source": why,
                             "server_args": None, "env": None} if sm is None else
-                           {"serve_command": " ".join([*(f"{k}={v}" for k, v in sm.env),
-                                                       "vllm", "serve", sm.model_id,
-                                                       *sm.flags, *args]),
+                           {"command": _serve_line(sm, args), "serve_command": _serve_line(sm, args),
                             "model_id": sm.model_id, "model_id_source": sm.model_id_source,
                             "server_args": list(sm.flags), "env": dict(sm.env)})})
         return out
+
+
+def _serve_line(sm, args: list[str]) -> str:
+    """``ENV=... vllm serve <model id> <calibration settings> <LoRA args>``."""
+    return " ".join([*(f"{k}={v}" for k, v in sm.env), "vllm", "serve", sm.model_id, *sm.flags,
+                     *args])
 
 
 def _flag(m: GpuMetrics | None) -> str:

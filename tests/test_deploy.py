@@ -295,11 +295,12 @@ def test_profile_without_serving_falls_back_clearly(tmp_path):
         served_model(str(path))
 
 
-def test_vllm_args_keep_their_keys_and_add_the_runnable_command():
+def test_vllm_args_command_is_runnable():
     inst = _inst()
     p = solve(inst, "maxbase-half")
     (g,) = p.vllm_args(adapter_dir="/m")
-    assert g["command"].startswith("vllm serve llama-3.1-8b-instruct --enable-lora")
+    assert g["command"] == g["serve_command"]
+    assert "vllm serve llama-3.1-8b-instruct" not in g["command"]   # the profile name, unloadable
     assert g["serve_command"].startswith(
         "VLLM_USE_V1=1 vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization")
     assert g["serve_command"].endswith(" ".join(g["args"]))

@@ -141,7 +141,8 @@ def test_vllm_args():
     assert args[args.index("--max-lora-rank") + 1] == "32"
     mods = args[args.index("--lora-modules") + 1:]
     assert mods == ["x=/models/loras/x", "y=/models/loras/y", "z=/models/loras/z"]
-    assert g["command"].startswith("vllm serve llama-3.1-8b-instruct --enable-lora")
+    assert " vllm serve meta-llama/Llama-3.1-8B-Instruct " in f" {g['command']} "
+    assert g["command"].endswith(" ".join(args)) and g["command"] == g["serve_command"]
     assert g["routing"] == {"x": 1.0, "y": 1.0, "z": 1.0}
 
 
