@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ import pandas as pd
 
 from twin.arrivals import workload_from_dict
 from twin.cli_support import CliError, check_output, progress, write_output
-from twin.profile import GpuProfile, load_profile
+from twin.profile import load_profile
 from twin.routing import ROUTER_NAMES, RoutedGpu, RoutingPlan, make_router, simulate_routed
 from twin.routing.snapshot import reference_step_ms
 from twin.workload import Adapter, Requests

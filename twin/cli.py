@@ -318,8 +318,8 @@ def cmd_maxpack(a: argparse.Namespace) -> int:
               f"{p.metrics.offered_realised_tps:12,.1f}  {str(p.metrics.starved):7}  "
               f"{p.metrics.memory_error}")
     if res.served_adapters == 0:
-        print(f"maxpack: no configuration serves even the smallest count of the grid without "
-              f"starving (served_adapters=0): lower the rates or use another GPU profile")
+        print("maxpack: no configuration serves even the smallest count of the grid without "
+              "starving (served_adapters=0): lower the rates or use another GPU profile")
         return 1
     print(f"maxpack served_adapters={res.served_adapters} max_loras={res.max_loras} "
           f"throughput_tps={res.throughput_tps:.1f} (tok/s)")

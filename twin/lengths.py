@@ -28,10 +28,10 @@ from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from .normal_dist import ndtr, ndtri
 
 from .length_means import (_copula_cells, _copula_means, _exact_means, _hist_pmf,
                            _normal_rounded_pmf, _solve_scale)
+from .normal_dist import ndtr, ndtri
 
 __all__ = [
     "LengthModel",

@@ -9,7 +9,6 @@ heaviest shipped scenario (384 adapters, ~80k requests per simulated hour).
 
 from __future__ import annotations
 
-from typing import Iterable
 
 MAX_REQUESTS_PER_SERVER = 10_000_000      # ~1 GB at the peak
 MAX_ADAPTERS_PER_SERVER = 100_000         # one Python-level arrival stream per adapter

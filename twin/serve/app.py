@@ -30,7 +30,6 @@ import asyncio
 import json
 import math
 import secrets
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
