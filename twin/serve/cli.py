@@ -5,7 +5,6 @@ listens; bad input is one ``error: ...`` line (exit 2)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 from typing import Sequence
@@ -129,6 +128,8 @@ def config_from_args(a: argparse.Namespace):
 def serve(a: argparse.Namespace) -> int:
     """Run the server until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
     cfg = config_from_args(a)
+    import asyncio                  # here, not at module level: `twin run` builds this parser
+
     from .app import serve_forever
 
     how: dict[str, int] = {}
