@@ -45,8 +45,9 @@ Run on real GPUs (vLLM 0.8.5, the version the twin's scheduler rules were checke
      --endpoints http://HOST:PORT ... (one per GPU, plan order; every adapter id must be served)
   4. read run/verify.md (tables: measured | twin on the same requests | difference) and
      run/verify.json (all numbers). Use --time-scale 1 with real servers.
-On this machine (no GPU): --launch --server twin --time-scale 10 starts `python -m twin serve`
-stand-ins instead (latencies are converted back to twin time)."""
+On a machine without GPU: --launch --server twin --time-scale 3 starts `python -m twin serve`
+stand-ins instead (latencies are converted back to twin time; keep the scale low, the client's
+and loopback jitter is multiplied by it)."""
 
 PROFILE_GPU_STEPS = """\
 Profile a new GPU or base model (vLLM 0.8.5):
@@ -58,8 +59,9 @@ Profile a new GPU or base model (vLLM 0.8.5):
      vllm:cache_config_info at start-up, adapter load times, waiting-queue scans; several hours)
   3. python -m twin calibrate --data prof/ --model MODEL_NAME --out my-profile.json
   4. python -m twin run --profile my-profile.json ...   (or copy it into twin/profiles/)
-On this machine: --launch --server twin --profile NAME --time-scale 20 --study quick profiles a
-twin serve stand-in (the round trip recovers that profile; see tests/test_harness.py)."""
+Without GPU: --launch --server twin --profile NAME --time-scale 20 --study quick profiles twin
+serve stand-ins (round trip: python -m experiments.profile_round_trip; the README lists which
+coefficients it recovers)."""
 
 
 class _Formatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
