@@ -300,3 +300,19 @@ def test_capacity_cut_loop_probes_other_configs(monkeypatch):
     assert {(c.rank, c.amax) for c in cuts[1:]} == {k for k in seen if k[1] % 16 == 0}
     # probes are cut at the twin's throughput / threshold (4500 / 0.9 tok/s) when below L*
     assert all(c.load == min(sum(P.loads), 5_000_000) for c in cuts[1:])
+
+
+def test_auto_beyond_the_exact_size_repairs_like_greedy():
+    """auto hands large instances to greedy; with verification it must get greedy's twin repair
+    (it used to call greedy without it and return a placement the twin rejected)."""
+    from pathlib import Path
+
+    from optim.instance import load_instance
+    from optim.methods import solve
+    path = Path(__file__).resolve().parents[1] / "instances/paper/paper-llama-rhigh-qhigh-n32.json"
+    inst = load_instance(path)
+    auto = solve(inst, "auto", verify=True, duration_s=600.0)
+    greedy = solve(inst, "greedy", verify=True, duration_s=600.0)
+    assert auto.verdict == "accepted" and greedy.verdict == "accepted"
+    assert auto.n_gpus == greedy.n_gpus
+    assert any("heuristic 'greedy'" in n for n in auto.notes)

@@ -46,7 +46,11 @@ def auto(inst: Instance, objective, options: MethodOptions) -> Placement:
         p = _run("cpsat", "auto")(inst, objective, options)
         return p.with_(notes=p.notes + ("auto: exact (cpsat) for a small instance",))
     name = "greedy" if "greedy" in method_names() else "maxbase"
-    p = get_method(name).fn(inst, objective, options)
+    info = get_method(name)
+    if options.extra.get("verify") and info.repairs:   # as optim.methods.solve asks greedy
+        options = MethodOptions(options.n_gpus, options.seed, options.time_limit_s,
+                                {"repair": True, **options.extra})
+    p = info.fn(inst, objective, options)
     return p.with_(method="auto", notes=p.notes + (f"auto: heuristic '{name}' beyond "
                                                    f"{AUTO_MAX_ADAPTERS} adapters / "
                                                    f"{AUTO_MAX_GPUS} GPUs",))
