@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--instances", default=str(DEFAULT_DIR), help="instance directory")
     ap.add_argument("--time-limit", type=float, default=60.0, help="exact method limit (s)")
     ap.add_argument("--workers", type=int, default=None, help="twin processes (default: cores)")
-    ap.add_argument("--out", default=str(REPO / "results" / "hetero.png"), help="plot (PNG)")
+    ap.add_argument("--out", default=None, help="plot (PNG; default results/hetero.png, rewritten on every run)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON")
     ap.add_argument("--write-instances", default=None, metavar="DIR",
                     help="write the instance set to DIR and exit")
@@ -235,7 +235,8 @@ def main(argv=None) -> int:
                            f"{a.time_limit}")
         if a.workers is not None and a.workers < 1:
             raise CliError(f"--workers: must be >= 1, got {a.workers}")
-        out = check_output(a.out, "--out", a.force)
+        out = (check_output(a.out, "--out", a.force) if a.out is not None
+                    else REPO / "results" / "hetero.png")  # the study's own default
         json_out = check_output(a.json, "--json", a.force)
         inst_dir = Path(a.instances)
         if not inst_dir.is_dir():

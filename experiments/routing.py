@@ -218,7 +218,7 @@ def main(argv=None) -> int:
                     help=f"workload, plan and router seed ({DEV_SEED} was used for tuning)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help="comma-separated subset of " + ",".join(SCENARIOS))
-    ap.add_argument("--plot", default=str(REPO / "results" / "routing.png"), help="plot file")
+    ap.add_argument("--plot", default=None, help="plot (PNG; default results/routing.png, rewritten on every run)")
     ap.add_argument("--json", default=None, help="write the rows and the summary as JSON")
     ap.add_argument("--force", action="store_true", help="overwrite existing output files")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -231,7 +231,8 @@ def main(argv=None) -> int:
         if bad or not scen:
             raise CliError(f"--scenarios: unknown {bad or 'empty list'} (choose from "
                            f"{', '.join(SCENARIOS)})")
-        plot_path = check_output(a.plot, "--plot", a.force)
+        plot_path = (check_output(a.plot, "--plot", a.force) if a.plot is not None
+                    else REPO / "results" / "routing.png")  # the study's own default
         json_path = check_output(a.json, "--json", a.force)
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
