@@ -55,7 +55,7 @@ down to the twin lower bound (option ``compact``, default on).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optim.config_greedy import best_plan, fill_plan, plan_configurations, plan_value
+from optim.config_greedy import best_plan, plan_configurations, plan_value
 from optim.exact.templates import _solve_model
 from optim.gpu_configs import GpuConfig, config_index
 from optim.instance import InstanceError, instance_from_dict, load_instance
