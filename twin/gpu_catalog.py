@@ -98,17 +98,22 @@ def spec_from_dict(d: Any, gpu_id: str, where: str) -> GpuSpec:
     return GpuSpec(id=gpu_id, name=name, usable_memory_gib=usable, sources=dict(sources), **vals)
 
 
-def _read_json(path: Path, what: str) -> Any:
+def read_json_file(path: Path, what: str, error: type[ValueError]) -> Any:
+    """The JSON in ``path``; any failure is one ``error`` naming ``what`` and the file."""
     if path.is_dir():
-        raise CatalogError(f"{what} {str(path)!r}: is a directory, not a JSON file")
+        raise error(f"{what} {str(path)!r}: is a directory, not a JSON file")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CatalogError(f"{what} {str(path)!r}: file not found") from None
+        raise error(f"{what} {str(path)!r}: file not found") from None
     except json.JSONDecodeError as e:
-        raise CatalogError(f"{what} {str(path)!r}: invalid JSON: {e}") from None
+        raise error(f"{what} {str(path)!r}: invalid JSON: {e}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{what} {str(path)!r}: cannot read ({e})") from None
+        raise error(f"{what} {str(path)!r}: cannot read ({e})") from None
+
+
+def _read_json(path: Path, what: str) -> Any:
+    return read_json_file(path, what, CatalogError)
 
 
 def load_catalog(path: str | Path = CATALOG_PATH) -> dict[str, GpuSpec]:

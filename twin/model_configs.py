@@ -8,10 +8,11 @@ JSON file with the same fields. A bad value raises ``ModelConfigError`` naming t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from .gpu_catalog import read_json_file
 
 MODELS_PATH = Path(__file__).resolve().parent / "data" / "models.json"
 # vLLM 0.8.5 LoRAConfig.lora_extra_vocab_size default: extra embedding rows per LoRA slot
@@ -140,16 +141,7 @@ def config_from_dict(d: Any, model_id: str, where: str) -> ModelConfig:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    if path.is_dir():
-        raise ModelConfigError(f"{what} {str(path)!r}: is a directory, not a JSON file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelConfigError(f"{what} {str(path)!r}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{what} {str(path)!r}: invalid JSON: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelConfigError(f"{what} {str(path)!r}: cannot read ({e})") from None
+    return read_json_file(path, what, ModelConfigError)
 
 
 def load_models(path: str | Path = MODELS_PATH) -> dict[str, ModelConfig]:
