@@ -43,7 +43,7 @@ import numpy as np
 
 from .lengths import LengthModel, length_model_from_dict
 from .workload import (Adapter, PoissonArrivals, Requests, _generator, arrival_process_from_dict,
-                       load_adapters_csv, load_trace_csv)
+                       load_adapters_csv, load_trace_csv, merge_streams)
 
 __all__ = [
     "RateShape", "Diurnal", "StepDrift", "FlashCrowd", "ActiveWindow", "ProductShape",
@@ -492,21 +492,8 @@ class Workload:
             from .sharegpt import default_lengths
             lengths = default_lengths()
         children = np.random.SeedSequence(int(seed)).spawn(len(self.streams))
-        times, idx, ins, outs = [], [], [], []
-        for i, (s, ss) in enumerate(zip(self.streams, children)):
-            s_arr, s_len = ss.spawn(2)
-            proc = ShapedArrivals(s.process, s.shape)
-            t = proc.sample_times(s.adapter.rate, self.duration_s,
-                                  np.random.Generator(np.random.PCG64(s_arr)))
-            li, lo = lengths.sample(len(t), np.random.Generator(np.random.PCG64(s_len)))
-            times.append(t)
-            idx.append(np.full(len(t), i, np.int32))
-            ins.append(li)
-            outs.append(lo)
-        t = np.concatenate(times)
-        order = np.argsort(t, kind="stable")
-        return Requests(t[order], np.concatenate(idx)[order], np.concatenate(ins)[order],
-                        np.concatenate(outs)[order])
+        return merge_streams([(ShapedArrivals(s.process, s.shape), s.adapter.rate)
+                              for s in self.streams], self.duration_s, lengths, children)
 
     def mean_rates(self, t0: float, t1: float) -> list[Adapter]:
         """Adapters with their mean rate over ``[t0, t1)`` (req/s); adapters with no expected

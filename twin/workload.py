@@ -560,10 +560,18 @@ def generate_requests(
     else:
         raise ValueError(f"generate_requests: seed must be a non-negative int or a Generator, got {seed!r}")
 
+    return merge_streams([(arrivals, a.rate) for a in adapters], duration_s, lengths, children)
+
+
+def merge_streams(streams: Sequence[tuple[ArrivalProcess, float]], duration_s: float,
+                  lengths: LengthModel, children: Sequence[np.random.SeedSequence]) -> Requests:
+    """Requests of independent per-adapter streams (adapter index = position in ``streams``),
+    merged in arrival order. Stream i draws its arrivals and lengths from two children of
+    ``children[i]``, so it does not depend on the other streams."""
     times, idx, ins, outs = [], [], [], []
-    for i, (a, ss) in enumerate(zip(adapters, children)):
+    for i, ((process, rate), ss) in enumerate(zip(streams, children)):
         s_arr, s_len = ss.spawn(2)
-        t = arrivals.sample_times(a.rate, duration_s, np.random.Generator(np.random.PCG64(s_arr)))
+        t = process.sample_times(rate, duration_s, np.random.Generator(np.random.PCG64(s_arr)))
         li, lo = lengths.sample(len(t), np.random.Generator(np.random.PCG64(s_len)))
         times.append(t)
         idx.append(np.full(len(t), i, np.int32))
@@ -571,7 +579,8 @@ def generate_requests(
         outs.append(lo)
     t = np.concatenate(times)
     order = np.argsort(t, kind="stable")
-    return Requests(t[order], np.concatenate(idx)[order], np.concatenate(ins)[order], np.concatenate(outs)[order])
+    return Requests(t[order], np.concatenate(idx)[order], np.concatenate(ins)[order],
+                    np.concatenate(outs)[order])
 
 
 # =========================================================================== traces
