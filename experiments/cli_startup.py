@@ -39,6 +39,18 @@ def time_process(args: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
+def reference_loop_s(repeats: int = 3) -> float:
+    """Median seconds of a fixed pure-Python loop (``sum(range(3e7))``) in this process: the
+    machine's speed at the time of the measurement, to compare figures taken on different days
+    (on this repository's shared 2-core VM it has varied between runs by about 1.5x)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sum(range(30_000_000))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per command (after one "
@@ -58,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = " ".join(["python -m twin run", *args])
         print(f"{cmd:<45} median wall {wall:.2f} s, median CPU {cpu:.2f} s over {a.repeats} runs "
               f"(target <= {target:g} s: {'met' if wall <= target else 'NOT met'})")
-    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at end")
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at end; reference loop "
+          f"{reference_loop_s():.3f} s (sum(range(3e7)), the machine's speed now)")
     print(f"startup_default_s={medians['default']:.3f} startup_light_s={medians['light']:.3f}")
     return 0
 
