@@ -101,14 +101,16 @@ def test_profile_round_trip_recovers_the_served_profile(tmp_path):
     checks = {c.name: c for c in coefficient_checks(ref, fitted)}
     # identified by this subset: the knee term needs more batch sizes and the rank term the rank
     # study (both in `--study quick`: experiments/profile_round_trip.py, README); the context
-    # term trades with the knee here (asserted within 10 %); the per-slot terms c5 and c6 are
-    # not separated (README: c6 is off by ~25 % in the quick study) and their sum at a reference
-    # step is within 5 % in some runs only (asserted within 20 %); the waiting-queue term
-    # (< 0.5 % of a step here) is not asserted
+    # term trades with the knee here (asserted within 10 %); the per-slot-and-token term c6 is
+    # pinned by the LoRA prefill windows at 8 and 64 slots (without them it was ~25 % off:
+    # decode windows vary tokens per step too little); asserted within 10 % here, as is the
+    # per-slot cost c5*A + c6*tok*A at a reference step; the waiting-queue term (< 0.5 % of a
+    # step here) is not asserted
     for name in ("base_ms", "per_token_ms", "lora_base_ms", "per_lora_tile_ms"):
         assert abs(checks[name].relative_error) <= 0.05, checks[name]
     assert abs(checks["per_kctx_ms"].relative_error) <= 0.10, checks["per_kctx_ms"]
-    assert abs(slot_cost_error(ref, fitted)) <= 0.20
+    assert abs(checks["per_token_kslot_ms"].relative_error) <= 0.10, checks["per_token_kslot_ms"]
+    assert abs(slot_cost_error(ref, fitted)) <= 0.10
     for name in ("per_seq_ms", "per_adapter_ms"):
         assert checks[name].contribution <= ZERO_COEF_SHARE, checks[name]
     assert kv_mismatches(ref, fitted) == []

@@ -129,8 +129,8 @@ def step_rows(data_dir: Path, model: str) -> pd.DataFrame:
         R = 0.0 if pd.isna(x.max_lora_rank) else float(x.max_lora_rank)
         K = 0.0 if pd.isna(x.unique_adapters_mean) else float(x.unique_adapters_mean)
         W = float(x.waiting_end) if A > 0 and K >= FULL_BATCH_FRAC * A else 0.0
-        if x.study == "prefill_baseline":
-            rows.append(_row("prefill_baseline", 2048.0 / inl + 1.0, 2048.0, 0.0, inl / 2.0,
+        if x.study in ("prefill_baseline", "lora_prefill"):   # lora_prefill: twin.harness
+            rows.append(_row(x.study, 2048.0 / inl + 1.0, 2048.0, 0.0, inl / 2.0,
                              K, A, R, W, x.step_interval_mean_ms, x.scheduler_time_mean_ms))
             continue
         n = float(x.running_start)

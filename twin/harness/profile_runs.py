@@ -404,18 +404,22 @@ class Profiler:
         self.tables.windows.extend(wins)
         return wins
 
-    def prefill_run(self, setup: ServerSetup, url: str, kv: int | None, inl: int) -> None:
+    def prefill_run(self, setup: ServerSetup, url: str, kv: int | None, inl: int,
+                    restrict: int = 0, study: str = "prefill_baseline") -> None:
         """Saturated prefill: every step fills the token budget with prompt tokens. Two output
         tokens per request, so each request's one inter-token gap is the duration of the next
-        (equally full) step, as the server records it."""
+        (equally full) step, as the server records it. With ``restrict`` adapters (study
+        ``lora_prefill``) the steps carry LoRA work on a full token budget: at two slot counts
+        this separates the per-slot-and-token cost (c6) from the per-slot one (c5), which decode
+        windows, whose token count varies little, cannot."""
         n_prompts = min(int(np.ceil(self.plan.steady_steps * self.a.max_num_batched_tokens / inl)),
                         CONNECTIONS)
-        info, run = self.run_base(setup, "prefill_baseline", url, kv, 0, inl, 2, n_prompts)
+        info, run = self.run_base(setup, study, url, kv, restrict, inl, 2, n_prompts)
         row = info["row"]
         row["duration_s"] = run.wall_s * self.a.time_scale
         row["total_throughput_tps"] = (run.input_tokens + run.output_tokens) / row["duration_s"]
         self.tables.runs.append(row)
-        self.tables.windows.extend(_windows(run, info["base"], 0))
+        self.tables.windows.extend(_windows(run, info["base"], restrict))
 
     # ---------------------------------------------------------------- studies
     def run_all(self, plan: StudyPlan) -> None:
@@ -469,6 +473,9 @@ class Profiler:
                 if (a_slots, seqs) == plan.lora_configs[-1]:
                     self.decode_run(setup, "lora_decode_overhead", url, kv, counts[-1],
                                     *plan.decode_lengths[-1])
+                if seqs == max(n for a, n in plan.lora_configs if a == a_slots):
+                    self.prefill_run(setup, url, kv, plan.prefill_inputs[0], restrict=1,
+                                     study="lora_prefill")
             self.bar.update(1)
 
     def _rank(self, plan: StudyPlan) -> None:
