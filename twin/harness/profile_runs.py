@@ -95,7 +95,7 @@ class StudyPlan:
 
 
 STUDIES = {
-    "quick": StudyPlan(no_lora_seqs=(16, 64, 192, 256, 320, 384),
+    "quick": StudyPlan(no_lora_seqs=(16, 64, 192, 256, 320, 384, 448, 512),
                        decode_lengths=((1, 64), (1, 256)),
                        prefill_inputs=(1000, 3000),
                        lora_configs=((8, 64), (8, 160), (64, 64), (64, 160)),
