@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from twin.workload import Adapter
 
@@ -128,6 +128,20 @@ def fill_plan(configs: Sequence[GpuConfig], adapters: Sequence[Adapter],
     return bins
 
 
+def _movable_to(b: Bin, load: float, configs: Sequence[GpuConfig], adapters: Sequence[Adapter],
+                used: dict[str, int], avail: dict[str, int]) -> Iterator[GpuConfig]:
+    """Configurations GPU ``b`` (carrying ``load``) may switch to: they hold its adapters, and
+    a GPU of another type is still available (``used`` GPUs per type so far)."""
+    rank = max(adapters[i].rank for i in b.items)
+    for c in configs:
+        if not c.fits(len(b.items), rank, load):
+            continue
+        if c.gpu_type != b.config.gpu_type and used.get(c.gpu_type, 0) >= avail.get(
+                c.gpu_type, 0):
+            continue
+        yield c
+
+
 def refit(bins: list[Bin], configs: Sequence[GpuConfig], adapters: Sequence[Adapter],
           loads: Sequence[float], avail: dict[str, int], kind: str) -> list[Bin]:
     """Move each GPU to the configuration holding its adapters at the best objective value
@@ -138,14 +152,8 @@ def refit(bins: list[Bin], configs: Sequence[GpuConfig], adapters: Sequence[Adap
     out = list(bins)
     for k, b in enumerate(out):
         load = sum(loads[i] for i in b.items)
-        rank = max(adapters[i].rank for i in b.items)
         best = b.config
-        for c in configs:
-            if not c.fits(len(b.items), rank, load):
-                continue
-            if c.gpu_type != b.config.gpu_type and used.get(c.gpu_type, 0) >= avail.get(
-                    c.gpu_type, 0):
-                continue
+        for c in _movable_to(b, load, configs, adapters, used, avail):
             if (objective_key(kind, c, load), c.power_w(load), c.price_per_hour) < \
                     (objective_key(kind, best, load), best.power_w(load), best.price_per_hour):
                 best = c
@@ -169,13 +177,7 @@ def fit_power_budget(bins: list[Bin], configs: Sequence[GpuConfig],
         best = None
         for k, b in enumerate(out):
             load = sum(loads[i] for i in b.items)
-            rank = max(adapters[i].rank for i in b.items)
-            for c in configs:
-                if not c.fits(len(b.items), rank, load):
-                    continue
-                if c.gpu_type != b.config.gpu_type and used.get(c.gpu_type, 0) >= avail.get(
-                        c.gpu_type, 0):
-                    continue
+            for c in _movable_to(b, load, configs, adapters, used, avail):
                 saving = b.config.power_w(load) - c.power_w(load)
                 if saving > 1e-9 and (best is None or saving > best[0]):
                     best = (saving, k, c)
