@@ -8,11 +8,12 @@ checked; a bad value raises ``CatalogError`` naming the file, the GPU and the fi
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from .json_files import read_json_file
 
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "gpus.json"
 GIB = 1 << 30
@@ -96,20 +97,6 @@ def spec_from_dict(d: Any, gpu_id: str, where: str) -> GpuSpec:
     if not isinstance(sources, Mapping):
         raise err("sources", f"must be an object field -> source, got {type(sources).__name__}")
     return GpuSpec(id=gpu_id, name=name, usable_memory_gib=usable, sources=dict(sources), **vals)
-
-
-def read_json_file(path: Path, what: str, error: type[ValueError]) -> Any:
-    """The JSON in ``path``; any failure is one ``error`` naming ``what`` and the file."""
-    if path.is_dir():
-        raise error(f"{what} {str(path)!r}: is a directory, not a JSON file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{what} {str(path)!r}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise error(f"{what} {str(path)!r}: invalid JSON: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{what} {str(path)!r}: cannot read ({e})") from None
 
 
 def _read_json(path: Path, what: str) -> Any:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .gpu_catalog import read_json_file
+from .json_files import read_json_file
 
 MODELS_PATH = Path(__file__).resolve().parent / "data" / "models.json"
 # vLLM 0.8.5 LoRAConfig.lora_extra_vocab_size default: extra embedding rows per LoRA slot

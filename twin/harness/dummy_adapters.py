@@ -18,6 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
+from ..json_files import read_json_file
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -65,12 +67,7 @@ def model_dims(model: str, model_config: str | Path | None = None) -> ModelDims:
     """Dimensions from ``model_config`` (a HF config.json) or the built-in table."""
     if model_config is not None:
         p = Path(model_config)
-        try:
-            cfg = json.loads(p.read_text())
-        except OSError as e:
-            raise ValueError(f"--model-config {p}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--model-config {p}: not JSON ({e})") from None
+        cfg = read_json_file(p, "--model-config", ValueError)
         if not isinstance(cfg, dict):
             raise ValueError(f"--model-config {p}: not a JSON object")
         return ModelDims.from_hf_config(cfg, f"--model-config {p}")

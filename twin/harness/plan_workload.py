@@ -9,13 +9,13 @@ shares with a seeded draw.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from twin.json_files import read_json_file
 from twin.lengths import LengthModel, default_lengths
 from twin.workload import Adapter, Requests, generate_requests, load_trace_csv
 
@@ -55,12 +55,7 @@ def load_plan(path: str | Path):
     from optim.placement import Placement
 
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except OSError as e:
-        raise ValueError(f"plan {p}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"plan {p}: not JSON ({e})") from None
+    d = read_json_file(p, "plan", ValueError)
     if not isinstance(d, dict) or "gpus" not in d:
         raise ValueError(f"plan {p}: not a placement (no 'gpus' field; write it with "
                          "`python -m optim solve INSTANCE --method M --json plan.json`)")
