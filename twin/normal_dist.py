@@ -70,15 +70,19 @@ def _ndtri_flat(p: np.ndarray) -> np.ndarray:
     return out
 
 
+def _elementwise(flat, x):
+    """``flat`` (a compiled 1-D loop) over any array or scalar: same shape out, float for a
+    scalar."""
+    a = np.asarray(x, dtype=np.float64)
+    out = flat(np.ascontiguousarray(a).ravel()).reshape(a.shape)
+    return out if out.ndim else float(out)
+
+
 def ndtr(x):
     """P(Z <= x) for a standard normal Z, elementwise (array in, array of the same shape out)."""
-    a = np.asarray(x, dtype=np.float64)
-    out = _ndtr_flat(np.ascontiguousarray(a).ravel()).reshape(a.shape)
-    return out if out.ndim else float(out)
+    return _elementwise(_ndtr_flat, x)
 
 
 def ndtri(p):
     """The x with P(Z <= x) = p, elementwise; -inf at 0, +inf at 1, nan outside [0, 1]."""
-    a = np.asarray(p, dtype=np.float64)
-    out = _ndtri_flat(np.ascontiguousarray(a).ravel()).reshape(a.shape)
-    return out if out.ndim else float(out)
+    return _elementwise(_ndtri_flat, p)
