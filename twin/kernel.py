@@ -203,6 +203,11 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
             if not ok:
                 break
             sched_new[i] = new
+            ctx += computed[r]
+            if gen[r] > 0 and in_len[r] + gen[r] - computed[r] == 1:
+                n_decode += 1
+            else:
+                n_prefill += new
             n_distinct = _add_to_batch(adapter[r], new, step_id, in_batch, batch_adapters, tok_of,
                                        n_distinct)
             budget -= new
@@ -248,6 +253,11 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 held[r] += need
                 running[n_run] = r
                 sched_new[n_run] = new
+                ctx += computed[r]
+                if gen[r] > 0 and in_len[r] + gen[r] - computed[r] == 1:
+                    n_decode += 1
+                else:
+                    n_prefill += new
                 n_run += 1
                 n_sched += 1
                 n_distinct = _add_to_batch(best_a, new, step_id, in_batch, batch_adapters, tok_of,
@@ -265,14 +275,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                 t = arrival[next_arr]
             continue
 
-        # 3) step composition and duration
-        for k in range(n_sched):
-            r = running[k]
-            ctx += computed[r]
-            if gen[r] > 0 and in_len[r] + gen[r] - computed[r] == 1:
-                n_decode += 1
-            else:
-                n_prefill += sched_new[k]
+        # 3) step duration (the composition was counted while scheduling)
         n_tiles = 0
         for k in range(n_distinct):
             n_tiles += (tok_of[batch_adapters[k]] + LORA_TILE - 1) // LORA_TILE
@@ -305,7 +308,10 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
         if n_distinct > stats[ST_MAX_DISTINCT]:
             stats[ST_MAX_DISTINCT] = n_distinct
 
-        # 4) advance scheduled requests; finished ones leave the running list (order kept)
+        # 4) advance scheduled requests; finished ones leave the running list (order kept).
+        # A request that also got a token in the previous step (which ended at t) has the gap
+        # t_end - t: its histogram bin is computed once per step.
+        step_bin = itl_bin((t_end - t) * 1000.0)
         keep = 0
         for k in range(n_run):
             r = running[k]
@@ -316,6 +322,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
                     gen[r] += 1
                     if gen[r] == 1:
                         first_t[r] = t_end
+                    elif last_tok_t[r] == t:
+                        itl_hist[step_bin] += 1
                     else:
                         itl_hist[itl_bin((t_end - last_tok_t[r]) * 1000.0)] += 1
                     last_tok_t[r] = t_end
