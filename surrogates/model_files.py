@@ -9,13 +9,14 @@ crash inside a compiled predictor.
 
 from __future__ import annotations
 
-import json
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+
+from twin.json_files import read_json_file
 
 
 class ModelFileError(ValueError):
@@ -24,26 +25,8 @@ class ModelFileError(ValueError):
 
 def read_json(path: str | Path, what: str = "model file") -> dict:
     """A JSON object from ``path``, or ``ModelFileError`` naming the file and the problem."""
-    p = Path(path)
-    if not p.exists():
-        raise ModelFileError(f"{what} {p}: not found (is this a trained model directory?)")
-    if p.is_dir():
-        raise ModelFileError(f"{what} {p}: is a directory, expected a JSON file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ModelFileError(f"{what} {p}: not a text (UTF-8 JSON) file") from None
-    except OSError as e:
-        raise ModelFileError(f"{what} {p}: cannot read ({e.strerror})") from None
-    if not text.strip():
-        raise ModelFileError(f"{what} {p}: empty file")
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ModelFileError(f"{what} {p}: invalid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise ModelFileError(f"{what} {p}: expected a JSON object, got {type(d).__name__}")
-    return d
+    return read_json_file(path, what, ModelFileError, expect_object=True,
+                          missing_hint=" (is this a trained model directory?)")
 
 
 @contextmanager

@@ -7,15 +7,30 @@ from pathlib import Path
 from typing import Any
 
 
-def read_json_file(path: Path, what: str, error: type[ValueError]) -> Any:
-    """The JSON in ``path``; any failure is one ``error`` naming ``what`` and the file."""
+def read_json_file(path: str | Path, what: str, error: type[ValueError], *,
+                   missing_hint: str = "", expect_object: bool = False) -> Any:
+    """The JSON in ``path``; any failure is one ``error`` naming ``what`` and the file.
+
+    ``missing_hint`` is appended to the not-found message (what the file should have been);
+    ``expect_object`` refuses a document that is not a JSON object."""
+    path = Path(path)
+    name = f"{what} {str(path)!r}"
     if path.is_dir():
-        raise error(f"{what} {str(path)!r}: is a directory, not a JSON file")
+        raise error(f"{name}: is a directory, not a JSON file")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise error(f"{what} {str(path)!r}: file not found") from None
+        raise error(f"{name}: file not found{missing_hint}") from None
+    except UnicodeDecodeError:
+        raise error(f"{name}: not a text (UTF-8 JSON) file") from None
+    except OSError as e:
+        raise error(f"{name}: cannot read ({e.strerror or e})") from None
+    if not text.strip():
+        raise error(f"{name}: empty file")
+    try:
+        d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{what} {str(path)!r}: invalid JSON: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{what} {str(path)!r}: cannot read ({e})") from None
+        raise error(f"{name}: invalid JSON: {e}") from None
+    if expect_object and not isinstance(d, dict):
+        raise error(f"{name}: expected a JSON object, got {type(d).__name__}")
+    return d
