@@ -1,10 +1,12 @@
 """Twin verification: replay every GPU of a placement in the fleet twin and give the verdict.
 
-All GPUs are simulated in parallel processes (``twin.fleet.simulate_fleet``; GPU ``g`` draws its
-workload with seed ``instance.seed + g``). A GPU that starves (throughput below the instance's
-threshold x offered) or cannot start (memory error) makes the placement ``rejected``; otherwise
-it is ``accepted``. The placement's shares are checked first: every adapter of the instance
-must be routed with shares summing to 1.
+All GPUs are simulated in parallel (``twin.fleet.simulate_fleet``: local processes by default,
+or Ray tasks with ``backend="ray"``, on a local Ray instance or the cluster at ``address``; GPU
+``g`` draws its workload with seed ``instance.seed + g`` on either backend, so the verdicts
+agree). A GPU that starves (throughput below the instance's threshold x offered) or cannot
+start (memory error) makes the placement ``rejected``; otherwise it is ``accepted``. The
+placement's shares are checked first: every adapter of the instance must be routed with shares
+summing to 1.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from .placement import GpuMetrics, Placement, shares_consistent
 
 
 def verify(placement: Placement, inst: Instance, duration_s: float | None = None,
-           workers: int | None = None, seed: int | None = None) -> Placement:
+           workers: int | None = None, seed: int | None = None, backend: str | None = None,
+           address: str | None = None) -> Placement:
     """Return ``placement`` with per-GPU twin metrics, the verdict and the verification time.
 
     ``duration_s`` defaults to the instance's, ``seed`` to the instance's; ``workers`` processes
-    (default: all cores). A placement without GPUs is returned unchanged.
+    (default: all cores) or, with ``backend="ray"``, Ray tasks (``address``: a cluster; default a
+    local Ray instance of ``workers`` CPUs). A placement without GPUs is returned unchanged.
     """
     if not placement.gpus:
         return placement
@@ -35,7 +39,8 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
     jobs = [g.twin_assignment(inst.starvation_threshold) for g in placement.gpus]
     t0 = time.perf_counter()
     result = simulate_fleet(jobs, duration_s=dur, lengths=inst.lengths,
-                            seed=inst.seed if seed is None else seed, workers=workers)
+                            seed=inst.seed if seed is None else seed, workers=workers,
+                            backend=backend, address=address)
     wall = time.perf_counter() - t0
     gpus = tuple(replace(g, verified=GpuMetrics.from_run(m))
                  for g, m in zip(placement.gpus, result.per_gpu))

@@ -3,14 +3,22 @@
 An adapter may sit on several GPUs with a routing split ``share`` (fractions summing to 1 over
 its GPUs). Routing each request independently at random splits a Poisson stream into independent
 Poisson streams of rate ``share x rate``, so every GPU can be simulated on its own.
+
+Backends. The GPUs run in a local process pool (``backend="local"``, the default) or as Ray tasks
+(``backend="ray"``: a local Ray instance, or the cluster at ``address``); both run the same
+seeded job per GPU, so the results are identical. :func:`use_backend` installs one pool for every
+fleet replay inside it (a search verifies many placements; the CLI's ``--backend``).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+from collections import deque
 from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .cli_support import progress
 from .lengths import LengthModel
@@ -66,6 +74,18 @@ def check_shares(gpus: Sequence[GpuAssignment], tol: float = 1e-6) -> None:
 # set by command lines (``optim solve`` without --quiet): a progress bar over simulated GPUs
 show_progress = False
 
+BACKENDS = ("local", "ray")
+# the pool installed by ``use_backend`` (None: each replay starts its own local pool)
+_installed_pool: object | None = None
+
+
+class FleetBackendError(ValueError):
+    """A bad backend choice: ``field`` names the option (``backend``, ``address``, ``workers``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
 
 def _simulate_one(args: tuple) -> RunMetrics:
     profile, gpu, duration_s, lengths, seed = args
@@ -77,24 +97,34 @@ def _simulate_one(args: tuple) -> RunMetrics:
 def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
                    lengths: LengthModel | None = None, seed: int = 0,
                    workers: int | None = None, pool: Executor | None = None,
-                   check_routing: bool = True, seeds: Sequence[int] | None = None
-                   ) -> FleetResult:
-    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``, or ``seeds[g]`` when given) in
-    ``workers`` processes (default: all cores; 1 = in this process). Pass ``pool`` to reuse an
-    executor across many calls (e.g. a search that verifies one placement after another).
-    ``check_routing=False`` runs the GPUs as independent what-if replays (an adapter may then
-    appear on several GPUs with any shares); ``seeds`` lets such replays draw the workload a
-    given GPU of a placement would see."""
+                   check_routing: bool = True, seeds: Sequence[int] | None = None,
+                   backend: str | None = None, address: str | None = None) -> FleetResult:
+    """Simulate every GPU (GPU ``g`` uses seed ``seed + g``, or ``seeds[g]`` when given).
+
+    Where: ``pool`` (any object with ``.map``, reused across calls) when given; else with
+    ``backend="ray"`` as Ray tasks on a local Ray instance of ``workers`` CPUs or on the cluster
+    at ``address``; else in the pool installed by :func:`use_backend` (unless ``workers=1`` or
+    ``backend="local"``); else in ``workers`` local processes (default: all cores; 1 = in this
+    process). ``check_routing=False`` runs the GPUs as independent what-if replays (an adapter
+    may then appear on several GPUs with any shares); ``seeds`` lets such replays draw the
+    workload a given GPU of a placement would see."""
+    check_backend(backend, address, workers)
     if check_routing:
         check_shares(gpus)
     if seeds is not None and len(seeds) != len(gpus):
         raise ValueError(f"seeds: {len(seeds)} given for {len(gpus)} GPUs")
     jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g if seeds is None else int(seeds[g]))
             for g, gpu in enumerate(gpus)]
+
     def shown(results):
         return tuple(progress(results, total=len(jobs), desc="twin replay", unit="GPU",
                               quiet=not show_progress))
 
+    if pool is None and backend == "ray":
+        with RayPool(workers, address) as ray_pool:
+            return FleetResult(shown(ray_pool.map(_simulate_one, jobs)))
+    if pool is None and backend is None and workers != 1 and len(jobs) > 1:
+        pool = _installed_pool
     if pool is not None:
         return FleetResult(shown(pool.map(_simulate_one, jobs)))
     workers = workers or os.cpu_count() or 1
@@ -112,3 +142,131 @@ def _leave_ctrl_c_to_parent() -> None:
     inside the compiled kernel would print a traceback of its own."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# ------------------------------------------------------------------------------ backends
+def check_backend(backend: str | None, address: str | None, workers: int | None = None) -> None:
+    """Check the backend options before any work: a known backend, an address only with Ray,
+    a positive worker count."""
+    if backend is not None and backend not in BACKENDS:
+        raise FleetBackendError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if address is not None and backend != "ray":
+        raise FleetBackendError("address", "a Ray cluster address needs backend 'ray'")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise FleetBackendError("workers", f"must be an integer >= 1, got {workers!r}")
+
+
+def _ray_module():
+    try:
+        import ray
+    except ImportError:
+        raise FleetBackendError("backend", "'ray' needs the optional Ray extra "
+                                "(pip install 'lora-placement[ray]')") from None
+    return ray
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an address nothing listens at (``ray.init`` would retry for minutes):
+    ``host:port`` (a cluster's GCS, ``ray start --head`` prints it), ``ray://host:port`` (Ray
+    Client, port 10001 by default) or ``auto`` (the cluster this machine belongs to)."""
+    if address == "auto":
+        return
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port_s = rest.rpartition(":")
+    if not address.startswith("ray://") and not sep:
+        raise FleetBackendError("address", f"expected HOST:PORT, ray://HOST[:PORT] or 'auto', "
+                                f"got {address!r}")
+    if not sep:
+        host, port_s = rest, "10001"
+    host = host.strip("[]")
+    if not host or not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
+        raise FleetBackendError("address", f"expected HOST:PORT with a port in 1..65535, got "
+                                f"{address!r}")
+    try:
+        socket.create_connection((host, int(port_s)), timeout=timeout_s).close()
+    except OSError as e:
+        raise FleetBackendError("address", f"no Ray cluster reachable at {address!r} "
+                                f"({e.strerror or e})") from None
+
+
+class RayPool:
+    """Fleet jobs as Ray tasks (one CPU each): on a new local Ray instance with ``workers`` CPUs
+    (default: all cores), or on the cluster at ``address`` (its nodes need this package
+    installed). ``map`` yields results in job order and keeps at most ``in_flight`` tasks
+    submitted, so memory stays bounded for any fleet size. A Ray session already open in this
+    process is reused (and left open)."""
+
+    def __init__(self, workers: int | None = None, address: str | None = None,
+                 in_flight: int | None = None) -> None:
+        check_backend("ray", address, workers)
+        ray = _ray_module()
+        self._ray, self._started = ray, False
+        if not ray.is_initialized():
+            import logging
+            kw = dict(include_dashboard=False, log_to_driver=False,
+                      logging_level=logging.ERROR, ignore_reinit_error=True)
+            if address is not None:
+                _check_reachable(address)
+                try:
+                    ray.init(address=address, **kw)
+                except (ConnectionError, RuntimeError, ValueError) as e:
+                    raise FleetBackendError("address", f"could not join the Ray cluster at "
+                                            f"{address!r}: {e}") from None
+            else:
+                ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **kw)
+            self._started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.in_flight = max(1, int(in_flight or 2 * cpus))
+        self._remote: dict[Callable, object] = {}
+
+    def map(self, fn: Callable, jobs: Iterable) -> Iterator:
+        """``fn(job)`` for every job as Ray tasks; results in job order."""
+        ray = self._ray
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = ray.remote(num_cpus=1)(fn)
+        todo, pending = iter(jobs), deque()
+        try:
+            for job in todo:
+                pending.append(remote.remote(job))
+                if len(pending) >= self.in_flight:
+                    yield ray.get(pending.popleft())
+            while pending:
+                yield ray.get(pending.popleft())
+        finally:   # stopped early (an error, Ctrl-C): cancel what was submitted
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+    def shutdown(self) -> None:
+        """Close the Ray session if this pool opened it."""
+        if self._started and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._started = False
+
+    def __enter__(self) -> "RayPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+@contextmanager
+def use_backend(backend: str = "local", address: str | None = None,
+                workers: int | None = None) -> Iterator[object | None]:
+    """Run every fleet replay inside the block on one pool: ``"ray"`` installs a
+    :class:`RayPool` (local Ray, or the cluster at ``address``) and shuts it down on exit;
+    ``"local"`` keeps the default (each replay starts ``workers`` local processes). Errors name
+    the option (``backend``, ``address``) and are raised before any simulation runs."""
+    global _installed_pool
+    check_backend(backend, address, workers)
+    if backend == "local":
+        yield None
+        return
+    previous = _installed_pool
+    with RayPool(workers, address) as pool:
+        _installed_pool = pool
+        try:
+            yield pool
+        finally:
+            _installed_pool = previous
