@@ -49,13 +49,22 @@ twin verdicts are checked in turn, until the twin accepts every GPU. Each change
 
 Compaction. Once the twin accepts, ``optim.compaction`` tries fewer GPUs, load-balanced, with each
 GPU's Amax searched by the twin over every integer (the surrogates only know their Amax grid),
-down to the twin lower bound (option ``compact``, default on).
+down to the twin lower bound (option ``compact``, default on; it leaves split placements alone).
+
+Replication (instance ``max_homes`` k > 1, ``--max-homes``). Greedy splits exactly the adapters
+that the surrogate says no GPU type serves alone (at any Amax), each into the fewest equal
+shares m <= k of which one GPU serves one alone (``replicate``); every other adapter keeps one
+home, so k > 1 changes nothing on an instance without such adapters. A share is packed like an
+adapter of rate share x rate (what the twin replays on that GPU), with one rule more: two
+shares of one adapter never share a GPU (filling skips a share whose adapter the GPU already
+holds and leaves it first in the queue; spreading puts it on the least-loaded GPU without it).
+An adapter that no GPU serves alone even at a 1/k share fails with a message naming it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -70,6 +79,7 @@ from .objectives import Objective
 from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 
 TRAINED_DIR = Path(__file__).resolve().parent.parent / "surrogates" / "trained"
+Item = tuple[Adapter, float]            # an adapter and the share of its traffic on one GPU
 TEST_POINTS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 MAX_PER_GPU = 512
 
@@ -242,27 +252,127 @@ def _choose(fills: dict[str, Fill], types: dict[str, GpuType], objective: str) -
     return max(usable, key=lambda t: (usable[t].load, usable[t].k, t))
 
 
-def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] | None = None
+def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] | None = None,
+                    shares: Sequence[float] | None = None
                     ) -> tuple[list[Adapter], dict, np.ndarray]:
     """Adapters (default: the instance's), the packing surrogate per GPU type name, and the
-    adapters' feature rows — what filling and spreading read."""
-    from surrogates.features import adapter_feature_matrix
+    adapters' feature rows at the routed rates (``shares`` x rate; default shares 1) — what
+    filling and spreading read."""
     ads = list(inst.adapters if adapters is None else adapters)
     models = {t.name: load_surrogate(t.profile, surrogate) for t in inst.gpu_types}
-    phi = adapter_feature_matrix([a.rank for a in ads], [a.rate for a in ads], inst.lengths)
-    return ads, models, phi
+    return ads, models, _features(inst, ads, shares)
+
+
+def _features(inst: Instance, adapters: Sequence[Adapter], shares: Sequence[float] | None
+              ) -> np.ndarray:
+    """Feature rows of ``adapters`` at rate x share (what one GPU serving that share sees)."""
+    from surrogates.features import adapter_feature_matrix
+    sh = [1.0] * len(adapters) if shares is None else list(shares)
+    return adapter_feature_matrix([a.rank for a in adapters],
+                                  [a.rate * s for a, s in zip(adapters, sh)], inst.lengths)
+
+
+def _routed(adapters: Sequence[Adapter], shares: Sequence[float]) -> list[Adapter]:
+    """The adapters as the GPUs holding the shares see them (rate x share)."""
+    return [a if s == 1.0 else replace(a, rate=a.rate * s) for a, s in zip(adapters, shares)]
+
+
+def _balanced(inst: Instance, adapters: Sequence[Adapter], shares: Sequence[float], k: int
+              ) -> list[list[int]] | None:
+    """``balance.balanced_members`` for items that may be shares of one adapter: largest routed
+    load first onto the least-loaded of the ``k`` GPUs not yet holding that adapter (None when
+    an adapter has more shares than GPUs). Without shares below 1 it is ``balanced_members``."""
+    if all(s == 1.0 for s in shares):
+        return balanced_members(inst, adapters, k)
+    loads = np.array([inst.load_tps(a) * s for a, s in zip(adapters, shares)])
+    members: list[list[int]] = [[] for _ in range(k)]
+    held: list[set[str]] = [set() for _ in range(k)]
+    gload = np.zeros(k)
+    for i in np.argsort(-loads, kind="stable"):
+        free = [g for g in range(k) if adapters[i].id not in held[g]]
+        if not free:
+            return None
+        g = min(free, key=lambda g: (gload[g], g))
+        members[g].append(int(i))
+        held[g].add(adapters[i].id)
+        gload[g] += loads[i]
+    return members
+
+
+def _distinct_prefix(queue: Sequence[int], ids: Sequence[str], limit: int) -> list[int]:
+    """Up to ``limit`` positions of ``queue`` in order, skipping a share of an adapter already
+    taken (two shares of one adapter never go on one GPU)."""
+    out: list[int] = []
+    seen: set[str] = set()
+    for j in queue:
+        if len(out) == limit:
+            break
+        if ids[j] not in seen:
+            seen.add(ids[j])
+            out.append(j)
+    return out
+
+
+def replicate(inst: Instance, surrogate: str = "fast", k: int | None = None
+              ) -> tuple[list[Adapter], list[float], list[str]]:
+    """(adapters, shares, notes): every adapter of ``inst`` once with share 1, except those the
+    surrogate says no GPU type serves alone, which appear m times with share 1/m, m <= k
+    (default ``inst.max_homes``) the fewest equal shares one GPU serves alone (module
+    docstring). An adapter no 1/k share of which is served alone stays whole: the fill then
+    tries it among others and, failing, names it (``greedy_plans``)."""
+    k = inst.max_homes if k is None else int(k)
+    if k == 1:
+        return list(inst.adapters), [1.0] * len(inst.adapters), []
+    ads, shares, notes = [], [], []
+    fewest = _fewest_shares(inst, k, surrogate)
+    split: list[str] = []
+    for a, m in zip(inst.adapters, fewest):
+        m = max(m, 1)
+        ads += [a] * m
+        shares += [1.0 / m] * m
+        if m > 1:
+            split.append(f"{a.id} over {m} GPUs")
+    if split:
+        notes.append(f"max_homes {k}: split {len(split)} adapter(s) no GPU serves alone into "
+                     "equal shares: " + ", ".join(split[:8])
+                     + (f" (+{len(split) - 8} more)" if len(split) > 8 else ""))
+    return ads, shares, notes
+
+
+def _fewest_shares(inst: Instance, k: int, surrogate: str) -> list[int]:
+    """Per adapter of ``inst``: the fewest m in 1..k whose 1/m share some GPU type serves alone
+    (surrogate, any Amax of its grid), 0 when no m <= k does. One surrogate call per type."""
+    amaxes = amax_candidates()
+    n, n_a = len(inst.adapters), len(amaxes)
+    ms = np.tile(np.arange(1, k + 1), n)                       # (n k,) adapter-major
+    ads = [a for a in inst.adapters for _ in range(k)]
+    phi = _features(inst, ads, list(1.0 / ms))
+    M = np.empty((n * k * n_a, phi.shape[1] + 2))
+    M[:, :phi.shape[1]] = np.repeat(phi, n_a, axis=0)
+    M[:, -2] = np.repeat([float(a.rank) for a in ads], n_a)
+    M[:, -1] = np.tile(amaxes, n * k)
+    ok = np.zeros((n, k), dtype=bool)
+    for t in inst.gpu_types:
+        _, starved = load_surrogate(t.profile, surrogate).predict_unchecked(M)
+        ok |= (~starved.reshape(n, k, n_a)).any(axis=2)
+    return [int(np.argmax(row)) + 1 if row.any() else 0 for row in ok]
 
 
 def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, object],
             phi_all: np.ndarray, amaxes: np.ndarray,
-            slots: Sequence[GpuType] | None = None) -> list[GpuPlan] | None:
+            slots: Sequence[GpuType] | None = None,
+            shares: Sequence[float] | None = None) -> list[GpuPlan] | None:
     """Every GPU of ``slots`` (default: every available GPU) used; largest load first onto the
-    least-loaded GPU; None unless the surrogate accepts every GPU."""
+    least-loaded GPU (``_balanced``: shares of one adapter on distinct GPUs); None unless the
+    surrogate accepts every GPU. ``phi_all``: the rows at the routed rates."""
     if slots is None:
         slots = [t for t in inst.gpu_types for _ in range(t.count)]
     if not slots:
         return None
-    members = balanced_members(inst, adapters, len(slots))
+    shares = [1.0] * len(adapters) if shares is None else list(shares)
+    members = _balanced(inst, adapters, shares, len(slots))
+    if members is None:
+        return None
     plans = []
     for t, mem in zip(slots, members):
         if not mem:
@@ -278,34 +388,41 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
         pref = ~starved & useful_amax(np.array([len(mem)]), amaxes)[0]
         b = int(np.argmax(np.where(pref if pref.any() else ~starved, thr, -np.inf)))
         pred = GpuMetrics(float(phi[2]), float(thr[b]), False, False)
-        plans.append(plan_gpu(t.name, t.profile, int(amaxes[b]), [(adapters[i], 1.0) for i in mem],
-                              inst.mean_tokens, mr, pred))
+        plans.append(plan_gpu(t.name, t.profile, int(amaxes[b]),
+                              [(adapters[i], shares[i]) for i in mem], inst.mean_tokens, mr, pred))
     return plans
 
 
 def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
-                 pool: dict[str, int] | None = None, surrogate: str = "fast"
+                 pool: dict[str, int] | None = None, surrogate: str = "fast",
+                 shares: Sequence[float] | None = None
                  ) -> tuple[list[GpuPlan], bool, list[str]]:
     """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's)
-    with the ``surrogate`` packing model. Returns (plans, over_pool, notes)."""
+    with the ``surrogate`` packing model; ``shares`` (default 1 each) are the parts of each
+    adapter's traffic the items carry (``replicate``: an adapter may appear once per share).
+    Returns (plans, over_pool, notes)."""
     from surrogates.features import IDX
 
     types = {t.name: t for t in inst.gpu_types}
     pool = dict(pool) if pool is not None else {t.name: t.count for t in inst.gpu_types}
-    adapters, models, phi_all = _packing_inputs(inst, surrogate, adapters)
+    shares = [1.0] * len(adapters) if shares is None else list(shares)
+    adapters, models, phi_all = _packing_inputs(inst, surrogate, adapters, shares)
     amaxes = {name: amax_candidates() for name in models}
-    order = maxpack_order(adapters)
-    ordered = [adapters[i] for i in order]
-    ranks = np.array([a.rank for a in ordered])
+    order = maxpack_order(_routed(adapters, shares))
+    ordered = [(adapters[i], shares[i]) for i in order]
+    ids = [a.id for a, _ in ordered]
+    distinct = len(set(ids)) == len(ids)
+    ranks = np.array([a.rank for a, _ in ordered])
     phi = phi_all[order]
     plans: list[GpuPlan] = []
     notes: list[str] = []
     over_pool = False
-    p = 0
-    while p < len(ordered):
+    queue = list(range(len(ordered)))
+    while queue:
         avail = [n for n, c in pool.items() if c > 0]
         if not avail:
-            spread = _spread(inst, adapters, models, phi_all, amaxes[inst.gpu_types[0].name])
+            spread = _spread(inst, adapters, models, phi_all, amaxes[inst.gpu_types[0].name],
+                             shares=shares)
             if spread is not None:
                 notes.append("next-fit needed more GPUs than the pool has; a load-balanced "
                              "spread over all available GPUs is predicted feasible")
@@ -313,19 +430,29 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
             over_pool = True
             avail = [max(types, key=lambda n: types[n].count)]
             pool[avail[0]] = pool.get(avail[0], 0) + 1
-        fills = {n: fill_gpu(phi, ranks, p, models[n], amaxes[n], IDX["load"]) for n in avail}
+        cand = queue[:MAX_PER_GPU] if distinct else _distinct_prefix(queue, ids, MAX_PER_GPU)
+        cphi, cranks = phi[cand], ranks[cand]
+        fills = {n: fill_gpu(cphi, cranks, 0, models[n], amaxes[n], IDX["load"]) for n in avail}
         t = _choose(fills, types, objective)
         if t is None:
-            a = ordered[p]
-            raise ValueError(f"adapter '{a.id}' (rank {a.rank}, rate {a.rate}) cannot be served "
-                             "by any GPU type, even alone (surrogate)")
+            a, s = ordered[cand[0]]
+            part = "" if s == 1.0 else f", a {s:.3g} share"
+            k = inst.max_homes
+            split = (f", nor split over max_homes={k} GPUs (no 1/{k} share is served alone)"
+                     if k > 1 and s == 1.0 else "")
+            raise ValueError(f"adapter '{a.id}' (rank {a.rank}, rate {a.rate}{part}) cannot be "
+                             f"served by any GPU type, even alone (surrogate){split}")
         f = fills[t]
         pool[t] -= 1
         pred = GpuMetrics(f.load, f.throughput, False, False)
         plans.append(plan_gpu(t, types[t].profile, f.amax,
-                              [(a, 1.0) for a in ordered[p:p + f.k]], inst.mean_tokens,
+                              [ordered[j] for j in cand[:f.k]], inst.mean_tokens,
                               f.max_rank, pred))
-        p += f.k
+        if distinct:
+            queue = queue[f.k:]
+        else:
+            taken = set(cand[:f.k])
+            queue = [j for j in queue if j not in taken]
     return plans, over_pool, notes
 
 
@@ -354,27 +481,44 @@ def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[
     if len(plans) < 2:
         return plans, False
     types = {t.name: t for t in inst.gpu_types}
-    ads, models, phi = _packing_inputs(inst, surrogate)
+    ads, shares = _plan_items(inst, plans)
+    ads, models, phi = _packing_inputs(inst, surrogate, ads, shares)
     amaxes = amax_candidates()
     shrunk = False
     while len(plans) >= 2:
-        cand = _spread(inst, ads, models, phi, amaxes, [types[g.gpu_type] for g in plans[:-1]])
+        cand = _spread(inst, ads, models, phi, amaxes, [types[g.gpu_type] for g in plans[:-1]],
+                       shares)
         if cand is None:
             break
         plans, shrunk = cand, True
     return plans, shrunk
 
 
-def _rebalanced(inst: Instance, p: Placement, inputs: tuple, amaxes: np.ndarray,
+def _plan_items(inst: Instance, plans: Sequence[GpuPlan]) -> tuple[list[Adapter], list[float]]:
+    """(adapters, shares) the plans hold: the instance's adapters with share 1 when nothing is
+    split (the instance's order, as greedy always used), else every (adapter, share) of the
+    plans in instance order (shares of one adapter in GPU order)."""
+    pairs = [(a, s) for g in plans for a, s in g.adapters]
+    if all(s == 1.0 for _, s in pairs):
+        return list(inst.adapters), [1.0] * len(inst.adapters)
+    pos = {a.id: i for i, a in enumerate(inst.adapters)}
+    pairs.sort(key=lambda x: pos[x[0].id])          # stable: GPU order within an adapter
+    return [a for a, _ in pairs], [s for _, s in pairs]
+
+
+def _rebalanced(inst: Instance, p: Placement, models: dict, amaxes: np.ndarray,
                 duration_s: float) -> Placement | None:
-    """The placement's adapters spread over the same GPUs (``_spread``) when the surrogate and
-    then the twin accept it, else None. Next-fit fills GPUs to the brim and leaves the last one
-    light; a twin rejection near capacity is often cured by balancing, without a new GPU."""
+    """The placement's adapters (shares) spread over the same GPUs (``_spread``) when the
+    surrogate and then the twin accept it, else None. Next-fit fills GPUs to the brim and
+    leaves the last one light; a twin rejection near capacity is often cured by balancing,
+    without a new GPU."""
     from .verify import verify
     if len(p.gpus) < 2:
         return None
     types = {t.name: t for t in inst.gpu_types}
-    plans = _spread(inst, *inputs, amaxes, [types[g.gpu_type] for g in p.gpus])
+    ads, shares = _plan_items(inst, p.gpus)
+    plans = _spread(inst, ads, models, _features(inst, ads, shares), amaxes,
+                    [types[g.gpu_type] for g in p.gpus], shares)
     if plans is None:
         return None
     cand = verify(p.with_(gpus=tuple(plans)), inst, duration_s=duration_s)
@@ -388,18 +532,18 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
     p = verify(placement, inst, duration_s=duration_s)
     changes = list(p.repairs)
     amaxes = amax_candidates()
-    inputs = _packing_inputs(inst, surrogate) if p.verdict == "rejected" else None
+    models = _packing_inputs(inst, surrogate)[1] if p.verdict == "rejected" else None
     rounds = 0
     while p.verdict == "rejected" and rounds < max_rounds:
         rounds += 1
-        balanced = _rebalanced(inst, p, inputs, amaxes, duration_s)
+        balanced = _rebalanced(inst, p, models, amaxes, duration_s)
         if balanced is not None:
             changes.append(f"rebalanced the load over the same {balanced.n_gpus} GPU(s) "
                            "(largest load first onto the least-loaded GPU)")
             p = balanced
             break
         kept: list[GpuPlan] = []
-        evicted: list[Adapter] = []
+        evicted: list[Item] = []
         for g, plan in enumerate(p.gpus):
             if plan.verified is not None and plan.verified.ok:
                 kept.append(plan)
@@ -424,7 +568,7 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
             moved = plan.adapters[lo:] if best is not None else plan.adapters
             if best is not None:
                 kept.append(best)
-            evicted.extend(a for a, _ in moved)
+            evicted.extend(moved)
             changes.append(f"gpu {g}: twin rejected it; moved {len(moved)} adapter(s) "
                            f"({', '.join(a.id for a, _ in moved[:5])}"
                            f"{', ...' if len(moved) > 5 else ''}) to new GPUs")
@@ -432,8 +576,8 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
         for plan in kept:
             used[plan.gpu_type] = used.get(plan.gpu_type, 0) + 1
         pool = {t.name: max(t.count - used.get(t.name, 0), 0) for t in inst.gpu_types}
-        new, over, _ = (greedy_plans(inst, evicted, objective, pool, surrogate) if evicted
-                        else ([], False, []))
+        new, over, _ = (greedy_plans(inst, [a for a, _ in evicted], objective, pool, surrogate,
+                                     [s for _, s in evicted]) if evicted else ([], False, []))
         if new:
             changes.append(f"opened {len(new)} GPU(s) for the moved adapters")
         status = "over_pool" if (over or p.status == "over_pool") else "solved"
@@ -446,7 +590,12 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
 def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     """Registered method ``greedy``; ``opts.extra``: ``repair`` (set by ``solve`` when
     verifying), ``surrogate`` (``fast`` default, or ``capacity``), ``compact`` (default True:
-    after repair, ``optim.compaction`` takes GPUs away while the twin accepts)."""
+    after repair, ``optim.compaction`` takes GPUs away while the twin accepts). The instance's
+    ``max_homes`` k > 1 splits the adapters no GPU serves alone (``replicate``)."""
+    if (inst.uses_configurations or obj.name == "energy") and inst.max_homes > 1:
+        return Placement(inst.name, "greedy", "failed", notes=(
+            f"max_homes {inst.max_homes}: replication is not supported with catalog GPU types, "
+            "power caps, a power budget or the energy objective (set max_homes to 1)",))
     if inst.uses_configurations or obj.name == "energy":   # types x caps: twin-measured
         from .config_greedy import solve_configurations
         ex = opts.extra
@@ -458,8 +607,11 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
         raise ValueError(f"greedy: option 'surrogate' must be one of {SURROGATES}, "
                          f"got {surrogate!r}")
     try:
-        plans, over_pool, notes = greedy_plans(inst, inst.adapters, obj.name,
-                                               surrogate=surrogate)
+        ads, shares, notes = (replicate(inst, surrogate) if inst.max_homes > 1
+                              else (list(inst.adapters), None, []))
+        plans, over_pool, fill_notes = greedy_plans(inst, ads, obj.name, surrogate=surrogate,
+                                                    shares=shares)
+        notes = notes + fill_notes
         if not over_pool:
             opened = len(plans)
             plans, shrunk = _shrink(inst, plans, surrogate)
@@ -473,7 +625,7 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     place = Placement(inst.name, "greedy", "over_pool" if over_pool else "solved",
                       tuple(plans), wall_time_s=wall, notes=tuple(notes),
                       params={"test_points": list(TEST_POINTS), "placement_wall_s": wall,
-                              "surrogate": surrogate})
+                              "surrogate": surrogate, "max_homes": inst.max_homes})
     if opts.extra.get("repair", False):
         dur = opts.extra.get("duration_s")
         dur = float(dur if dur is not None else inst.duration_s)
@@ -485,5 +637,6 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
 
 
 register_method("greedy", greedy, objectives=("gpus", "cost", "energy"), repairs=True,
+                max_homes=True,
                 description="Maxpack first-fit decreasing with fast-surrogate testing points; "
                             "twin repair with --verify")

@@ -39,8 +39,11 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
                  "max_repair_iterations": 20},   # optional, all keys optional
       "duration_s": 3600,                        # optional, twin verification window (s),
                                                  # <= 604800 (a week) and <= 10M requests/GPU
-      "seed": 0                                  # optional, int in [0, 2^32-1]: workload +
+      "seed": 0,                                 # optional, int in [0, 2^32-1]: workload +
                                                  # random methods
+      "max_homes": 1                             # optional, int in [1, GPUs of the pool]:
+                                                 # most GPUs one adapter's traffic may be
+                                                 # split over (routing weights); 1 = no split
     }
 
 Every GPU type's profile must serve the same base model (one fleet serves one base model).
@@ -71,7 +74,7 @@ DEFAULT_DURATION_S = 3600.0
 
 _TOP_KEYS = {"schema_version", "name", "description", "adapters", "gpus", "lengths",
              "starvation_threshold", "objective", "solver", "duration_s", "seed",
-             "power_budget_w"}
+             "power_budget_w", "max_homes"}
 _GPU_KEYS = {"name", "profile", "count", "price_per_hour", "capacity_tps", "capacity_amax",
              "gpu", "model", "availability", "power_caps_w"}
 _SOLVER_KEYS = {"time_limit_s", "mip_gap", "threads", "max_repair_iterations"}
@@ -151,6 +154,7 @@ class Instance:
     description: str = ""
     source: str | None = None
     power_budget_w: float | None = None
+    max_homes: int = 1
 
     @property
     def uses_configurations(self) -> bool:
@@ -213,6 +217,8 @@ class Instance:
             d["power_budget_w"] = self.power_budget_w
         d["duration_s"] = self.duration_s
         d["seed"] = self.seed
+        if self.max_homes != 1:
+            d["max_homes"] = self.max_homes
         return d
 
 
@@ -516,10 +522,21 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
             t.constant_capacity for t in gpu_types):
         raise InstanceError(src, "gpus", "energy and power budgets need twin-measured "
                             "configurations; remove capacity_tps/capacity_amax")
+    homes = check_max_homes(d.get("max_homes", 1), sum(t.count for t in gpu_types), src)
     return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
                     lengths_spec=spec, starvation_threshold=thr, objective=objective,
                     solver=solver, duration_s=dur, seed=seed, description=desc, source=source,
-                    power_budget_w=budget_w)
+                    power_budget_w=budget_w, max_homes=homes)
+
+
+def check_max_homes(v: Any, pool: int, source: str = "<instance>",
+                    field_path: str = "max_homes") -> int:
+    """A valid ``max_homes`` (int in [1, GPUs of the pool]: one adapter cannot have more homes
+    than there are GPUs); ``InstanceError`` naming ``field_path`` otherwise."""
+    k = _int(source, field_path, v, 1)
+    if k > pool:
+        raise InstanceError(source, field_path, f"{k} exceeds the {pool} GPU(s) of the pool")
+    return k
 
 
 def check_twin_window(adapters: Sequence[Adapter], n_gpus: int, duration_s: float) -> None:

@@ -9,6 +9,12 @@ the same way::
     from optim.methods import register_method
     register_method("greedy", greedy_fn, objectives=("gpus", "cost", "latency"),
                     description="FFD Maxpack with the surrogate")
+
+Replication. An instance's ``max_homes`` k (``--max-homes``) lets the methods registered with
+``max_homes=True`` (greedy, milp, cpsat, auto) route one adapter to up to k GPUs with weights
+(``GpuPlan.adapters`` shares summing to 1); ``solve`` then pre-checks that no adapter offers
+more than k GPUs' limit (naming it) and lists every split adapter's homes and weights in a note.
+Other methods ignore it (a note says so).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .feasibility import precheck
+from .feasibility import FeasibilityReport, Reason, precheck
 from .instance import Instance
 from .objectives import Objective, make_objective
 from .placement import Placement
@@ -42,7 +48,8 @@ MethodFn = Callable[[Instance, Objective, MethodOptions], Placement]
 @dataclass(frozen=True)
 class MethodInfo:
     """A registered method: ``fixed_fleet`` methods place onto a given number of GPUs instead of
-    choosing it; ``splits`` methods may route one adapter to several GPUs."""
+    choosing it; ``splits`` methods may route one adapter to several GPUs; ``max_homes``
+    methods do so within the instance's ``max_homes`` (and not at all when it is 1)."""
 
     name: str
     fn: MethodFn
@@ -51,6 +58,7 @@ class MethodInfo:
     splits: bool = False
     description: str = ""
     repairs: bool = False
+    max_homes: bool = False
 
 
 _REGISTRY: dict[str, MethodInfo] = {}
@@ -58,13 +66,15 @@ _REGISTRY: dict[str, MethodInfo] = {}
 
 def register_method(name: str, fn: MethodFn, *, objectives: tuple[str, ...] = ("gpus",),
                     fixed_fleet: bool = False, splits: bool = False, description: str = "",
-                    replace: bool = False, repairs: bool = False) -> MethodInfo:
+                    replace: bool = False, repairs: bool = False,
+                    max_homes: bool = False) -> MethodInfo:
     """Register ``fn`` under ``name`` (``replace=True`` to override an existing entry)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"method name must be alphanumeric (with - or _), got {name!r}")
     if name in _REGISTRY and not replace:
         raise ValueError(f"method '{name}' is already registered")
-    info = MethodInfo(name, fn, frozenset(objectives), fixed_fleet, splits, description, repairs)
+    info = MethodInfo(name, fn, frozenset(objectives), fixed_fleet, splits, description, repairs,
+                      max_homes)
     _REGISTRY[name] = info
     return info
 
@@ -99,7 +109,10 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     # methods that verify inside their search (exact, twin in the loop) read these
     options = replace(options, extra={"verify": verify, "duration_s": duration_s,
                                       "workers": workers, **options.extra})
-    report = precheck(inst, allow_split=info.splits)
+    replicate = info.max_homes and inst.max_homes > 1
+    report = precheck(inst, allow_split=info.splits or replicate)
+    if replicate:
+        report = homes_check(inst, report)
     if not report.feasible:
         return Placement(inst.name, method, "infeasible", objective=obj.name,
                          feasibility=report, notes=("pre-check proved the instance infeasible",))
@@ -115,6 +128,52 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     if obj.name not in info.objectives:
         p = p.with_(notes=p.notes + (f"method '{method}' does not target objective "
                                      f"'{obj.name}'; the value is reported only",))
+    if inst.max_homes > 1 and not info.max_homes and not info.splits:
+        p = p.with_(notes=p.notes + (f"method '{method}' places each adapter on one GPU; "
+                                     f"max_homes {inst.max_homes} is ignored",))
     if verify and p.gpus and p.verdict is None:
         p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
+    line = homes_line(p)
+    if line:
+        p = p.with_(notes=p.notes + (line,))
     return p.with_(objective_value=obj.value(p) if p.gpus else None)
+
+
+def homes_check(inst: Instance, report: FeasibilityReport) -> FeasibilityReport:
+    """``report`` plus an ``adapter_overload`` reason naming every adapter that offers more than
+    ``inst.max_homes`` GPUs can carry (k x the best single-GPU limit of the report, capacity /
+    threshold: necessary, like the other pre-checks)."""
+    k = inst.max_homes
+    limit = max(report.capacity_tps.values()) / inst.starvation_threshold
+    heavy = [a for a in inst.adapters if inst.load_tps(a) > k * limit]
+    if not heavy:
+        return report
+    worst = max(heavy, key=inst.load_tps)
+    ids = [a.id for a in heavy]
+    msg = (f"{len(heavy)} adapter(s) offer more than max_homes={k} GPUs can serve "
+           f"({k} x {limit:.0f} tok/s = capacity / threshold); largest: '{worst.id}' with "
+           f"{inst.load_tps(worst):.0f} tok/s: {', '.join(ids[:5])}"
+           + (f" (+{len(ids) - 5} more)" if len(ids) > 5 else ""))
+    return replace(report, reasons=report.reasons + (Reason("adapter_overload", msg,
+                                                            tuple(ids)),))
+
+
+def adapter_homes(p: Placement) -> dict[str, list[tuple[int, float]]]:
+    """Adapter id -> [(GPU index, routing weight), ...] over the GPUs that serve it."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for g, plan in enumerate(p.gpus):
+        for a, s in plan.adapters:
+            out.setdefault(a.id, []).append((g, s))
+    return out
+
+
+def homes_line(p: Placement, max_listed: int = 8) -> str | None:
+    """``homes of N split adapter(s): hot -> gpu0 0.333, gpu1 0.333, gpu2 0.334; ...`` (the
+    adapters routed to several GPUs with their weights; the JSON has all), None without any."""
+    split = {a: hs for a, hs in adapter_homes(p).items() if len(hs) > 1}
+    if not split:
+        return None
+    parts = [f"{a} -> " + ", ".join(f"gpu{g} {s:.3f}" for g, s in hs)
+             for a, hs in list(split.items())[:max_listed]]
+    more = f"; (+{len(split) - max_listed} more in the JSON)" if len(split) > max_listed else ""
+    return f"homes of {len(split)} split adapter(s): " + "; ".join(parts) + more

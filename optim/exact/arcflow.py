@@ -78,6 +78,8 @@ def applicable(P: PackingProblem) -> str | None:
     """``None`` when the arc-flow model is exact for ``P``, else the reason it is not."""
     if P.objective not in ("gpus", "cost"):
         return f"objective '{P.objective}'"
+    if P.splits:
+        return f"adapters may be split over up to {P.max_homes} GPUs (max_homes)"
     if P.cuts:
         return "adapter-set cuts"
     total_x = sum(P.xs)

@@ -16,6 +16,12 @@ capacity ``C`` (the real constraints are tighter), so bin-packing bounds apply:
 
 An adapter that no configuration of any type admits alone makes the problem infeasible
 (``infeasible_adapters``).
+
+Replication (``max_homes`` > 1): an adapter may be split, so the bin-packing argument behind L2
+(items are indivisible) fails and L2 is not used (reported equal to L1); L1 and the count bound
+(every adapter has at least one home, charged its full feature value) still hold, and the LP is
+that of the replication model. An adapter is then infeasible when even its ``max_homes``
+largest-capacity homes cannot carry it.
 """
 
 from __future__ import annotations
@@ -46,9 +52,24 @@ def max_capacity(P: PackingProblem) -> int:
 
 
 def infeasible_adapters(P: PackingProblem) -> list[int]:
-    """Adapters that no configuration of any type admits on their own."""
+    """Adapters that no configuration of any type admits on their own; with replication, those
+    whose load exceeds the summed capacity of the ``max_homes`` GPU slots best able to home them
+    (``home_capacity``)."""
     E = effective(P)
-    return [i for i in range(P.n) if not any(E.allowed[t][i] for t in range(len(P.types)))]
+    if not P.splits:
+        return [i for i in range(P.n) if not any(E.allowed[t][i] for t in range(len(P.types)))]
+    return [i for i in range(P.n) if P.loads[i] > home_capacity(P, i)]
+
+
+def home_capacity(P: PackingProblem, i: int) -> int:
+    """Most load adapter ``i`` can send to its homes: the sum over its ``max_homes`` best GPU
+    slots of the largest capacity of a configuration of the slot's type that can home it (rank
+    class >= its rank, feature range reaching its value)."""
+    per_slot = []
+    for t in P.slots:
+        caps = [c.cap for c in P.types[t].configs if c.rank >= P.ranks[i] and c.x_hi >= P.xs[i]]
+        per_slot.append(max(caps, default=0))
+    return sum(sorted(per_slot, reverse=True)[:P.max_homes])
 
 
 def capacity_bound(P: PackingProblem) -> int:
@@ -113,7 +134,7 @@ def lower_bounds(P: PackingProblem, lp: bool = True, time_limit_s: float = 30.0,
     here — the GPU bounds are still reported and ``best`` is the LP value or 0)."""
     l1 = capacity_bound(P)
     cb = count_bound(P)
-    l2 = martello_toth_l2(P.loads, max_capacity(P))
+    l2 = martello_toth_l2(P.loads, max_capacity(P)) if not P.splits else l1
     lpv = lp_bound(P, time_limit_s, threads) if lp else None
     gb = max(l1, cb, l2)
     if P.objective == "gpus":

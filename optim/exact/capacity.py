@@ -244,7 +244,8 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
                   models: dict[str, Any] | None = None, allow_provisional: bool = True,
                   itl_fns: dict[str, Callable] | None = None,
                   progress: bool = False) -> PackingProblem:
-    """The ``PackingProblem`` of an instance. ``models`` maps a profile name to a capacity
+    """The ``PackingProblem`` of an instance (with its ``max_homes``). ``models`` maps a
+    profile name to a capacity
     model (anything with ``pieces()``) overriding the committed one; ``itl_fns`` maps a profile
     to an ITL table function (latency objective; default: from the committed ITL model)."""
     from surrogates.features import adapter_feature_matrix, ADDITIVE
@@ -305,4 +306,5 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
     return PackingProblem(inst.name, tuple(a.id for a in inst.adapters), tuple(ranks),
                           tuple(scale_load(v) for v in loads_tps), tuple(xs), tuple(types),
                           objective, budget if objective == "latency" else None, x_feature,
-                          tuple(loads_tps), notes=tuple(notes))
+                          tuple(loads_tps), notes=tuple(notes),
+                          max_homes=getattr(inst, "max_homes", 1))

@@ -3,7 +3,9 @@
 ``effective(problem)`` clips every configuration's upper bounds to what the instance can reach
 (capacity <= total load, feature upper end <= total feature) so coefficients stay small, drops
 configurations no adapter set can meet, and lists for every (adapter, type) pair whether the
-adapter can go on that type at all (some configuration admits it alone).
+adapter can go on that type at all (some configuration admits it alone; with replication, some
+configuration of a rank class and feature range that can home it, whatever its load: a share
+may be small).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def effective(P: PackingProblem) -> Effective:
                               min(c.cap, total_load), c.load_lo, c.itl_ms, c.label))
         cfgs.append(tuple(out))
         orig.append(tuple(idx))
-        allowed.append(tuple(any(c.rank >= P.ranks[i] and c.cap >= P.loads[i]
-                                 and c.x_hi >= P.xs[i] for c in out) for i in range(P.n)))
+        allowed.append(tuple(any(c.rank >= P.ranks[i] and c.x_hi >= P.xs[i]
+                                 and (c.cap >= P.loads[i] if not P.splits else c.cap > 0)
+                                 for c in out) for i in range(P.n)))
     return Effective(tuple(cfgs), tuple(allowed), P.slots, tuple(orig))
 
 
@@ -55,7 +58,9 @@ def effective(P: PackingProblem) -> Effective:
 class SolveResult:
     """Outcome of one exact solve: ``status`` (optimal / feasible [with bound] / infeasible /
     unknown), objective and best bound (objective units), relative ``gap``, solve time, the
-    solution as ``(type_index, config_index, adapters)`` per used GPU, and solver details."""
+    solution as ``(type_index, config_index, adapters)`` per used GPU, and solver details.
+    ``shares`` (replication mode only; empty = every share 1) holds, per used GPU, the routing
+    share of each of its adapters, aligned with ``gpus``."""
 
     solver: str
     status: str
@@ -65,6 +70,11 @@ class SolveResult:
     gpus: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
     warm_start_used: bool = False
     details: dict = field(default_factory=dict)
+    shares: tuple[tuple[float, ...], ...] = ()
+
+    def gpu_shares(self, k: int) -> tuple[float, ...]:
+        """Shares of the adapters of used GPU ``k`` (all 1 without replication)."""
+        return self.shares[k] if self.shares else (1.0,) * len(self.gpus[k][2])
 
     @property
     def gap(self) -> float | None:

@@ -4,6 +4,13 @@
 Differences in form only: Booleans instead of binaries, the same integer data, and for the
 latency objective integer ``w[g,p]`` (load units) with an objective scaled to integers
 (ITL table in units of 1e-3 ms).
+
+Replication (``P.max_homes`` k > 1): the share ``s[i,g]`` of the MILP is carried as the integer
+flow ``f[i,g] = w_i s[i,g]`` in load units, 0 <= f[i,g] <= w_i. Nothing is lost: once homes
+and configurations are fixed, what remains is a transportation problem with integer supplies
+``w_i`` and integer capacities, whose vertices are integral, so an integral flow exists
+whenever a fractional one does (and the latency objective, linear in the loads, has an
+integral optimum too). The extracted share is ``f[i,g] / w_i``.
 """
 
 from __future__ import annotations
@@ -28,12 +35,15 @@ class Vars:
     y: dict
     z: dict
     w: dict
+    f: dict | None = None       # replication: flows f[i,g] in load units
 
 
 def add_variables(m: cp_model.CpModel, P: PackingProblem, E: Effective) -> Vars:
     """x[i,g], y[g], z[g,p] Booleans (x absent when adapter i fits no configuration of t(g));
-    w[g,p] in [0, cap_p] for the latency objective."""
+    w[g,p] in [0, cap_p] for the latency objective; with replication f[i,g] in [0, w_i]
+    beside every x[i,g]."""
     x, y, z, w = {}, {}, {}, {}
+    f = {} if P.splits else None
     for g, t in enumerate(E.slots):
         y[g] = m.NewBoolVar(f"y{g}")
         for p, c in enumerate(E.configs[t]):
@@ -43,13 +53,32 @@ def add_variables(m: cp_model.CpModel, P: PackingProblem, E: Effective) -> Vars:
         for i in range(P.n):
             if E.allowed[t][i]:
                 x[i, g] = m.NewBoolVar(f"x{i}_{g}")
-    return Vars(x, y, z, w)
+                if f is not None:
+                    f[i, g] = m.NewIntVar(0, P.loads[i], f"f{i}_{g}")
+    return Vars(x, y, z, w, f)
 
 
 def add_assignment(m, P, E, v: Vars) -> None:
-    """sum_g x[i,g] = 1 for all i."""
+    """sum_g x[i,g] = 1 for all i; with replication sum_g f[i,g] = w_i (all traffic routed)."""
     for i in range(P.n):
-        m.AddExactlyOne([v.x[i, g] for g in range(len(E.slots)) if (i, g) in v.x])
+        if v.f is None:
+            m.AddExactlyOne([v.x[i, g] for g in range(len(E.slots)) if (i, g) in v.x])
+        else:
+            m.Add(sum(v.f[i, g] for g in range(len(E.slots)) if (i, g) in v.f) == P.loads[i])
+
+
+def add_home_link(m, P, E, v: Vars) -> None:
+    """Replication: traffic only to homes, f[i,g] <= w_i x[i,g] (as x[i,g] = 0 => f[i,g] = 0)."""
+    for (i, g), fv in v.f.items():
+        m.Add(fv == 0).OnlyEnforceIf(v.x[i, g].Not())
+
+
+def add_max_homes(m, P, E, v: Vars) -> None:
+    """Replication: sum_g x[i,g] <= k (and >= 1, implied by the assignment as w_i > 0)."""
+    for i in range(P.n):
+        homes = [v.x[i, g] for g in range(len(E.slots)) if (i, g) in v.x]
+        m.Add(sum(homes) <= P.max_homes)
+        m.AddBoolOr(homes)
 
 
 def add_linking(m, P, E, v: Vars) -> None:
@@ -77,6 +106,13 @@ def _sum_x(P, v, g, coef):
     return sum(coef[i] * v.x[i, g] for i in range(P.n) if (i, g) in v.x)
 
 
+def gpu_load(P, v: Vars, g: int):
+    """L_g: sum_i w_i x[i,g], or with replication sum_i f[i,g]."""
+    if v.f is None:
+        return _sum_x(P, v, g, P.loads)
+    return sum(v.f[i, g] for i in range(P.n) if (i, g) in v.f)
+
+
 def add_feature_interval(m, P, E, v: Vars) -> None:
     """sum_p xlo_p z[g,p] <= sum_i phi_i x[i,g] <= sum_p xhi_p z[g,p]."""
     for g, t in enumerate(E.slots):
@@ -86,13 +122,13 @@ def add_feature_interval(m, P, E, v: Vars) -> None:
 
 
 def add_capacity(m, P, E, v: Vars) -> None:
-    """sum_p llo_p z[g,p] <= sum_i w_i x[i,g] <= sum_p cap_p z[g,p]; the same per configuration
+    """sum_p llo_p z[g,p] <= L_g <= sum_p cap_p z[g,p] (``gpu_load``); the same per configuration
     as half-reified constraints (z[g,p] => llo_p <= load_g <= cap_p, xlo_p <= x_g <= xhi_p),
     which CP-SAT propagates far better than the sums; and the aggregate
     sum_g sum_p cap_p z[g,p] >= total load (redundant, tightens the bound)."""
     total = []
     for g, t in enumerate(E.slots):
-        load = _sum_x(P, v, g, P.loads)
+        load = gpu_load(P, v, g)
         caps = sum(c.cap * v.z[g, p] for p, c in enumerate(E.configs[t]))
         m.Add(load <= caps)
         total.append(caps)
@@ -156,7 +192,7 @@ def set_objective(m, P, E, v: Vars) -> float:
         for (g, p), wv in v.w.items():
             m.Add(wv == 0).OnlyEnforceIf(v.z[g, p].Not())
         for g, t in enumerate(E.slots):
-            m.Add(sum(v.w[g, p] for p in range(len(E.configs[t]))) == _sum_x(P, v, g, P.loads))
+            m.Add(sum(v.w[g, p] for p in range(len(E.configs[t]))) == gpu_load(P, v, g))
         m.Minimize(sum(int(round((E.configs[E.slots[g]][p].itl_ms or 1e6) * ITL_SCALE)) * wv
                        for (g, p), wv in v.w.items()))
         return ITL_SCALE * max(P.total_load, 1)
@@ -168,10 +204,16 @@ def set_objective(m, P, E, v: Vars) -> float:
 
 
 def build_model(P: PackingProblem, symmetry: bool = True):
+    if P.splits and P.cuts:
+        raise ValueError(f"problem '{P.name}': adapter-set cuts are not valid with replication "
+                         "(a GPU's load is not fixed by its adapters); use capacity cuts")
     E = effective(P)
     m = cp_model.CpModel()
     v = add_variables(m, P, E)
     add_assignment(m, P, E, v)
+    if P.splits:
+        add_home_link(m, P, E, v)
+        add_max_homes(m, P, E, v)
     add_linking(m, P, E, v)
     add_configuration_choice(m, P, E, v)
     add_rank(m, P, E, v)
@@ -206,6 +248,8 @@ def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | No
             for i in range(P.n):
                 if (i, g) in v.x:
                     m.AddHint(v.x[i, g], used and i in slots[g][2])
+                    if v.f is not None:
+                        m.AddHint(v.f[i, g], P.loads[i] if used and i in slots[g][2] else 0)
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = max(0.1, float(time_limit_s) - (time.perf_counter() - t0))
     s.parameters.num_workers = int(threads or default_threads())
@@ -222,12 +266,15 @@ def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | No
         return SolveResult("cpsat", "unknown", None, bound, wall, (), start is not None, details)
     obj = s.ObjectiveValue() / scale
     gpus = []
+    shares = []
     for g, t in enumerate(E.slots):
         if s.Value(v.y[g]):
             items = tuple(i for i in range(P.n) if (i, g) in v.x and s.Value(v.x[i, g]))
             p = next(p for p in range(len(E.configs[t])) if s.Value(v.z[g, p]))
             if items:
                 gpus.append((t, E.orig[t][p], items))
+                if v.f is not None:
+                    shares.append(tuple(s.Value(v.f[i, g]) / P.loads[i] for i in items))
     if st == cp_model.OPTIMAL:
         bound = obj
         status = "optimal"
@@ -238,4 +285,4 @@ def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | No
     if P.objective == "cost":
         obj = sum(P.types[t].price for t, _, _ in gpus)
     return SolveResult("cpsat", status, float(obj), float(bound), wall, tuple(gpus),
-                       start is not None, details)
+                       start is not None, details, tuple(shares))

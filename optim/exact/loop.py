@@ -27,7 +27,11 @@ limit covers bounds, starts, model building, search and replays):
      surrogate wherever the twin disagrees with it for that set, instead of trying Amax values
      one solve at a time;
    * ``"exact"`` / ``"superset"``: a ``Cut`` forbidding that adapter set (or any superset of it)
-     on any GPU of that type with that (rank, Amax).
+     on any GPU of that type with that (rank, Amax) (not with replication, where a GPU's load
+     is not fixed by its adapter set).
+
+With replication (``max_homes`` > 1) every solve's shares are re-chosen, for the same homes, to
+balance the GPUs' utilisation (``split.balance_shares``) before the twin replays them.
 
 A final answer is never a placement the twin rejected when a twin-accepted one is known: the
 incumbent is returned whenever the model's placement is rejected, not replayed, or not better.
@@ -54,6 +58,7 @@ from .capacity import build_problem
 from .common import SolveResult, effective, warm_start_solution
 from .first_fit import best_start, solution_value
 from .problem import LOAD_SCALE, CapacityCut, Cut, PackingProblem, scale_load
+from .split import balance_shares
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_MAX_ITERATIONS = 30
@@ -106,12 +111,15 @@ def _as_solution(P: PackingProblem, p: Placement) -> list[tuple[int, list[int]]]
     return out
 
 
-def _preferred_config(P: PackingProblem, t: int, p: int, items: Sequence[int]) -> int:
+def _preferred_config(P: PackingProblem, t: int, p: int, items: Sequence[int],
+                      load: int | None = None) -> int:
     """Among the configurations admitting the GPU, keep the solver's choice for latency; for
-    gpus/cost prefer the smallest rank class, then the most load slack (objective unchanged)."""
+    gpus/cost prefer the smallest rank class, then the most load slack (objective unchanged).
+    ``load``: the GPU's integer load when it carries shares (replication)."""
     if P.objective == "latency":
         return p
-    ps = P.configs_admitting(t, items)
+    ps = (P.configs_admitting(t, items) if load is None
+          else P.configs_admitting_split(t, items, load))
     if not ps:
         return p
     cf = P.types[t].configs
@@ -119,14 +127,23 @@ def _preferred_config(P: PackingProblem, t: int, p: int, items: Sequence[int]) -
 
 
 def to_placement(inst: Instance, P: PackingProblem, r: SolveResult, method: str) -> Placement:
-    """A ``Placement`` from a solve result (predicted metrics from the configuration)."""
+    """A ``Placement`` from a solve result (predicted metrics from the configuration). With
+    replication each adapter carries its solved share; a home without traffic (share 0,
+    allowed by the model) is dropped, and the configuration re-chosen for what remains."""
     plans = []
-    for t, p, items in sorted(r.gpus, key=lambda g: (g[0], min(g[2]))):
-        p = _preferred_config(P, t, p, items)
+    order = sorted(range(len(r.gpus)), key=lambda k: (r.gpus[k][0], min(r.gpus[k][2])))
+    for k in order:
+        t, p, items = r.gpus[k]
+        kept = [(i, s) for i, s in zip(items, r.gpu_shares(k)) if s > 0]
+        if not kept:
+            continue
+        items = [i for i, _ in kept]
+        p = _preferred_config(P, t, p, items, P.split_load(items, [s for _, s in kept])
+                              if P.splits else None)
         c = P.types[t].configs[p]
         gt = inst.gpu_types[t]
-        pairs = [(inst.adapters[i], 1.0) for i in items]
-        offered = sum(inst.load_tps(inst.adapters[i]) for i in items)
+        pairs = [(inst.adapters[i], s) for i, s in kept]
+        offered = sum(inst.load_tps(inst.adapters[i]) * s for i, s in kept)
         pred = GpuMetrics(offered, min(offered, c.cap / 1000.0), False, False, c.itl_ms)
         plans.append(plan_gpu(gt.name, gt.profile, c.amax, pairs, inst.mean_tokens,
                               max_lora_rank=c.rank, predicted=pred))
@@ -144,18 +161,21 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
     twin throughput or None): the rejected configuration, plus every other (rank, Amax)
     configuration admitting the set that the twin also rejects (replays in parallel, in batches
     of one per worker; with a ``deadline`` no batch starts that would end after it, given
-    ``replay_s`` seconds per replay)."""
+    ``replay_s`` seconds per replay). With replication the adapters are (index, share) pairs:
+    the GPU's load is the shares' load and the probes replay the same shares."""
     from twin.fleet import simulate_fleet
 
     from ..placement import plan_gpu
     theta = inst.starvation_threshold
     out: list[CapacityCut] = []
-    probes: list[tuple[int, int, int, Sequence[int]]] = []
+    probes: list[tuple[int, int, int, Sequence]] = []
     for t, rank, amax, items, served in rejected:
         out.append(_cut_for(P, t, rank, amax, items, served, theta))
         cf = P.types[t].configs
         seen = {(rank, amax)}
-        for p in P.configs_admitting(t, items):
+        idx, shares = _pairs(items)
+        for p in (P.configs_admitting(t, idx) if shares is None
+                  else P.configs_admitting_split(t, idx, P.split_load(idx, shares))):
             key = (cf[p].rank, cf[p].amax)
             if key not in seen:
                 seen.add(key)
@@ -172,7 +192,9 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
         jobs = []
         for t, rank, amax, items in part:
             gt = inst.gpu_types[t]
-            plan = plan_gpu(gt.name, gt.profile, amax, [(inst.adapters[i], 1.0) for i in items],
+            idx, shares = _pairs(items)
+            plan = plan_gpu(gt.name, gt.profile, amax,
+                            [(inst.adapters[i], s) for i, s in zip(idx, shares or [1.0] * len(idx))],
                             inst.mean_tokens, max_lora_rank=rank)
             jobs.append(plan.twin_assignment(theta))
         t0 = time.perf_counter()
@@ -187,13 +209,23 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
     return out
 
 
-def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence[int],
+def _pairs(items: Sequence) -> tuple[list[int], list[float] | None]:
+    """(adapter indices, shares or None) of a cut's adapters: plain indices (no replication)
+    or (index, share) pairs."""
+    if items and isinstance(items[0], tuple):
+        return [int(i) for i, _ in items], [float(s) for _, s in items]
+    return [int(i) for i in items], None
+
+
+def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence,
              served_tps: float | None, theta: float) -> CapacityCut:
-    """The cut at ``L_cut = min(L*, T*/theta)`` (``problem`` module docstring)."""
-    load = sum(P.loads[i] for i in items)
+    """The cut at ``L_cut = min(L*, T*/theta)`` (``problem`` module docstring); with shares,
+    ``L*`` is the shares' load and the feature counts every home in full, as the model does."""
+    idx, shares = _pairs(items)
+    load = sum(P.loads[i] for i in idx) if shares is None else P.split_load(idx, shares)
     if served_tps is not None:
         load = min(load, scale_load(served_tps / theta))
-    return CapacityCut(t, rank, amax, sum(P.xs[i] for i in items), load)
+    return CapacityCut(t, rank, amax, sum(P.xs[i] for i in idx), load)
 
 
 def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int | None,
@@ -316,14 +348,21 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     P = problem or build_problem(inst, obj.name, getattr(obj, "gpu_budget", None), models=models)
     sources = sorted({t.source for t in P.types})
     constant = all(t.source == "constant" for t in P.types)
+    if P.splits and cut_mode != "capacity":
+        raise ValueError(f"cut_mode: '{cut_mode}' cuts forbid adapter sets, which is not valid "
+                         f"when adapters are split (max_homes {P.max_homes}); use 'capacity'")
     bad = infeasible_adapters(P)
     params: dict[str, Any] = {"solver": solver, "capacity_source": sources,
-                              "time_limit_s": tl, "cut_mode": cut_mode}
+                              "time_limit_s": tl, "cut_mode": cut_mode,
+                              "max_homes": P.max_homes}
     if bad:
         ids = [P.ids[i] for i in bad]
+        why = (f"fit no configuration of any GPU type (rank, load or memory): "
+               if not P.splits else
+               f"offer more load than max_homes={P.max_homes} GPUs can carry (the capacity "
+               f"model's largest caps of the {P.max_homes} best homes for their rank): ")
         return Placement(inst.name, method, "infeasible", objective=obj.name, params=params,
-                         notes=(f"{len(bad)} adapter(s) fit no configuration of any GPU type "
-                                f"(rank, load or memory): {', '.join(ids[:5])}",))
+                         notes=(f"{len(bad)} adapter(s) {why}{', '.join(ids[:5])}",))
     b = lower_bounds(P, lp=False)
     params["bounds"] = b.to_dict()
     if P.objective == "gpus":
@@ -380,6 +419,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             if ffc is not None:
                 it_starts.append(ffc)
         r, how = _model_solve(Pc, solver, deadline, threads, it_starts, inst.seed)
+        if Pc.splits and r.gpus:            # same homes, most balanced routing weights
+            r = balance_shares(Pc, r)
         rec = {"iteration": it, "status": r.status, "objective": r.objective, "bound": r.bound,
                "gap": r.gap, "solve_time_s": round(r.solve_time_s, 3),
                "warm_start_used": r.warm_start_used, "cuts": len(cuts) + len(cap_cuts),
@@ -416,7 +457,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             break
         if cut_mode == "capacity":
             new = capacity_cuts(inst, Pc, [(tix[g.gpu_type], g.max_lora_rank, g.max_loras,
-                                            [idx[a.id] for a, _ in g.adapters],
+                                            [idx[a.id] for a, _ in g.adapters] if not P.splits
+                                            else [(idx[a.id], s) for a, s in g.adapters],
                                             0.0 if g.verified.memory_error
                                             else g.verified.throughput_tps)
                                            for g in bad_gpus], duration_s, workers,
@@ -485,6 +527,13 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     if model_optimal:
         claim = ("optimal for the constant capacities" if constant
                  else "optimal for the surrogate (as corrected by the twin's cuts)")
+        if P.splits:      # the split problem is a relaxation: say which problem was proven
+            claim += (f", adapters split over up to {P.max_homes} GPUs with routing weights "
+                      "(each home charged its adapter's full feature value)")
+    if P.splits:
+        notes.append(f"max_homes {P.max_homes}: the model may split an adapter's traffic over "
+                     f"up to {P.max_homes} GPUs; its optimum and bounds are those of this split "
+                     "problem (a relaxation of one home per adapter: L2 and arc-flow not used)")
     if verify and not constant and P.objective == "gpus" and placement.verdict == "accepted":
         from ..feasibility import TWIN_OPTIMAL, twin_certificate
         certified, lb = twin_certificate(inst, placement, duration_s)

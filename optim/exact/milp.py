@@ -6,6 +6,12 @@ on GPU ``g`` under configuration ``p``) only for the latency objective. Each con
 is added by one ``add_*`` function whose docstring states it. Data are the integer units of
 ``problem`` (loads ``w_i``, feature values ``phi_i``), so HiGHS, CP-SAT and the brute force
 see the same feasible set.
+
+Replication (``P.max_homes`` k > 1, ``problem`` module docstring): ``x[i,g]`` becomes the home
+indicator and a continuous share ``s[i,g]`` in [0, 1] carries the traffic (``add_assignment``,
+``add_home_link``, ``add_max_homes``); the load of GPU ``g`` is ``L_g = sum_i w_i s[i,g]``
+(``gpu_load``), everything else reads ``x`` as before. Without replication ``L_g = sum_i w_i
+x[i,g]`` and the model is unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from .problem import PackingProblem
 
 def add_variables(m, P: PackingProblem, E: Effective, relax: bool = False) -> None:
     """x[i,g] in {0,1} (0 when adapter i fits no configuration of t(g)); y[g], z[g,p] in {0,1};
-    w[g,p] >= 0 for the latency objective."""
+    w[g,p] >= 0 for the latency objective; with replication s[i,g] in [0, 1] (0 where x is)."""
     dom = pyo.UnitInterval if relax else pyo.Binary
     m.I = pyo.RangeSet(0, P.n - 1)
     m.G = pyo.RangeSet(0, len(E.slots) - 1)
@@ -32,17 +38,42 @@ def add_variables(m, P: PackingProblem, E: Effective, relax: bool = False) -> No
     m.x = pyo.Var(m.I, m.G, domain=dom)
     m.y = pyo.Var(m.G, domain=dom)
     m.z = pyo.Var(m.GP, domain=dom)
+    if P.splits:
+        m.s = pyo.Var(m.I, m.G, domain=pyo.UnitInterval)
     for g, t in enumerate(E.slots):
         for i in range(P.n):
             if not E.allowed[t][i]:
                 m.x[i, g].fix(0)
+                if P.splits:
+                    m.s[i, g].fix(0)
     if P.objective == "latency":
         m.w = pyo.Var(m.GP, domain=pyo.NonNegativeReals)
 
 
 def add_assignment(m, P: PackingProblem, E: Effective) -> None:
-    """Every adapter on exactly one GPU:  sum_g x[i,g] = 1  for all i."""
-    m.assign = pyo.Constraint(m.I, rule=lambda m, i: sum(m.x[i, g] for g in m.G) == 1)
+    """Every adapter on exactly one GPU:  sum_g x[i,g] = 1  for all i; with replication every
+    adapter's traffic routed in full:  sum_g s[i,g] = 1."""
+    v = m.s if P.splits else m.x
+    m.assign = pyo.Constraint(m.I, rule=lambda m, i: sum(v[i, g] for g in m.G) == 1)
+
+
+def add_home_link(m, P: PackingProblem, E: Effective) -> None:
+    """Replication: traffic only to homes:  s[i,g] <= x[i,g]  for all i, g."""
+    m.home = pyo.Constraint(m.I, m.G, rule=lambda m, i, g: m.s[i, g] <= m.x[i, g]
+                            if E.allowed[E.slots[g]][i] else pyo.Constraint.Skip)
+
+
+def add_max_homes(m, P: PackingProblem, E: Effective) -> None:
+    """Replication: at most k homes per adapter:  sum_g x[i,g] <= k  for all i (at least one
+    follows from the assignment and the home link)."""
+    m.homes = pyo.Constraint(m.I, rule=lambda m, i: sum(m.x[i, g] for g in m.G)
+                             <= P.max_homes)
+
+
+def gpu_load(m, P: PackingProblem, g: int):
+    """L_g: sum_i w_i x[i,g], or with replication sum_i w_i s[i,g] (the shares' load)."""
+    v = m.s if P.splits else m.x
+    return sum(P.loads[i] * v[i, g] for i in range(P.n))
 
 
 def add_linking(m, P: PackingProblem, E: Effective) -> None:
@@ -95,17 +126,16 @@ def add_feature_interval(m, P: PackingProblem, E: Effective) -> None:
 
 def add_capacity(m, P: PackingProblem, E: Effective) -> None:
     """The piece's load cap (and, for latency sub-pieces, its lower load end):
-    sum_p llo_p z[g,p] <= sum_i w_i x[i,g] <= sum_p cap_p z[g,p]."""
+    sum_p llo_p z[g,p] <= L_g <= sum_p cap_p z[g,p]  (L_g from ``gpu_load``)."""
     def hi(m, g):
         t = E.slots[g]
-        return sum(P.loads[i] * m.x[i, g] for i in range(P.n)) <= \
-            sum(c.cap * m.z[g, p] for p, c in enumerate(E.configs[t]))
+        return gpu_load(m, P, g) <= sum(c.cap * m.z[g, p] for p, c in enumerate(E.configs[t]))
     m.cap = pyo.Constraint(m.G, rule=hi)
     if any(c.load_lo > 0 for cs in E.configs for c in cs):
         def lo(m, g):
             t = E.slots[g]
             return sum(c.load_lo * m.z[g, p] for p, c in enumerate(E.configs[t])) <= \
-                sum(P.loads[i] * m.x[i, g] for i in range(P.n))
+                gpu_load(m, P, g)
         m.cap_lo = pyo.Constraint(m.G, rule=lo)
 
 
@@ -151,14 +181,14 @@ def add_budget(m, P: PackingProblem, E: Effective) -> None:
 
 def set_objective(m, P: PackingProblem, E: Effective) -> None:
     """gpus: min sum_g y[g]; cost: min sum_g price_t(g) y[g]; latency: min
-    sum_{g,p} itl_p w[g,p] / W with w[g,p] <= cap_p z[g,p] and sum_p w[g,p] = sum_i w_i x[i,g]
+    sum_{g,p} itl_p w[g,p] / W with w[g,p] <= cap_p z[g,p] and sum_p w[g,p] = L_g
     (W = total load): the load-weighted mean ITL of the per-piece ITL table."""
     if P.objective == "latency":
         m.w_cap = pyo.Constraint(m.GP, rule=lambda m, g, p:
                                  m.w[g, p] <= E.configs[E.slots[g]][p].cap * m.z[g, p])
         m.w_sum = pyo.Constraint(m.G, rule=lambda m, g: sum(
             m.w[g, p] for p in range(len(E.configs[E.slots[g]])))
-            == sum(P.loads[i] * m.x[i, g] for i in range(P.n)))
+            == gpu_load(m, P, g))
         W = max(P.total_load, 1)
         m.obj = pyo.Objective(expr=sum((E.configs[E.slots[g]][p].itl_ms or 1e6) * m.w[g, p]
                                        for g, p in m.GP) / W, sense=pyo.minimize)
@@ -176,10 +206,16 @@ def add_lower_bound(m, P: PackingProblem, E: Effective) -> None:
 
 def build_model(P: PackingProblem, relax: bool = False, symmetry: bool = True):
     """The Pyomo model (every family above) and the effective data."""
+    if P.splits and P.cuts:
+        raise ValueError(f"problem '{P.name}': adapter-set cuts are not valid with replication "
+                         "(a GPU's load is not fixed by its adapters); use capacity cuts")
     E = effective(P)
     m = pyo.ConcreteModel(name=P.name)
     add_variables(m, P, E, relax)
     add_assignment(m, P, E)
+    if P.splits:
+        add_home_link(m, P, E)
+        add_max_homes(m, P, E)
     add_linking(m, P, E)
     add_configuration_choice(m, P, E)
     add_rank(m, P, E)
@@ -204,6 +240,8 @@ def _set_start(m, P, E, start) -> None:
         for i in range(P.n):
             if not m.x[i, g].fixed:
                 m.x[i, g].set_value(1 if used and i in slots[g][2] else 0)
+                if P.splits:
+                    m.s[i, g].set_value(1 if used and i in slots[g][2] else 0)
         if P.objective == "latency":
             for p in range(len(E.configs[E.slots[g]])):
                 m.w[g, p].set_value(sum(P.loads[i] for i in slots[g][2])
@@ -263,16 +301,35 @@ def solve_milp(P: PackingProblem, time_limit_s: float = 60.0, threads: int | Non
     if relax:
         return SolveResult("milp-lp", "optimal", float(obj), float(obj), wall, (), False, details)
     gpus = []
+    shares = _split_shares(m, P, E) if P.splits else None
+    out_shares = []
     for g in range(len(E.slots)):
         if pyo.value(m.y[g]) > 0.5:
             items = tuple(i for i in range(P.n) if pyo.value(m.x[i, g]) > 0.5)
             p = max(range(len(E.configs[E.slots[g]])), key=lambda p: pyo.value(m.z[g, p]))
             if items:
                 gpus.append((E.slots[g], E.orig[E.slots[g]][p], items))
+                if shares is not None:
+                    out_shares.append(tuple(shares.get((i, g), 0.0) for i in items))
     status = "optimal" if tc == TC.optimal else "feasible"
     if status == "optimal":
         bound = float(obj) if bound is None else bound
     if P.objective in ("gpus",) and bound is not None:
         bound = math.ceil(bound - 1e-6)
     return SolveResult("milp", status, float(obj), bound, wall, tuple(gpus), start is not None,
-                       details)
+                       details, tuple(out_shares))
+
+
+SHARE_EPS = 1e-7      # shares below this (LP-solver noise) are dropped, the rest rescaled
+
+
+def _split_shares(m, P: PackingProblem, E: Effective) -> dict[tuple[int, int], float]:
+    """(adapter, slot) -> share of the solved s on used slots: values under ``SHARE_EPS`` are
+    dropped and each adapter's shares rescaled to sum to exactly 1 (HiGHS meets the rows only
+    up to its tolerance)."""
+    raw = {(i, g): float(pyo.value(m.s[i, g])) for i in range(P.n) for g in range(len(E.slots))
+           if pyo.value(m.y[g]) > 0.5 and (pyo.value(m.s[i, g]) or 0.0) > SHARE_EPS}
+    tot: dict[int, float] = {}
+    for (i, _), v in raw.items():
+        tot[i] = tot.get(i, 0.0) + v
+    return {(i, g): v / tot[i] for (i, g), v in raw.items()}

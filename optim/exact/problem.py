@@ -11,6 +11,18 @@ Decisions (the same in the MILP and the CP-SAT model):
   ``[llo_p, cap_p]`` (integer load units; ``llo_p = 0`` except for latency sub-pieces) and, for
   the latency objective, a predicted mean ITL ``itl_p``.
 
+**Replication** (``max_homes`` k > 1). An adapter may be split over up to k GPUs with routing
+weights: ``x[i,g]`` then says GPU ``g`` is a *home* of adapter ``i`` (it holds the adapter) and a
+share ``s[i,g]`` in [0, 1] (the issue's ``y[a,g]``; ``y[g]`` already means a used GPU) of its
+traffic goes there: ``s[i,g] <= x[i,g]``, ``sum_g s[i,g] = 1``, ``sum_g x[i,g] <= k``. A GPU's
+load is ``sum_i w_i s[i,g]``; its piece feature still counts every home with the adapter's full
+value ``phi_i`` (the default feature ``busy30`` = sum_i (1 - exp(-30 s x rate_i)) is increasing
+in the rate, so a home's true value is at most ``phi_i``, and the capacity pieces are
+non-increasing in the feature: conservative); its rank class covers every home. With k = 1 this
+is the model above (``s = x``); for k > 1 it is a relaxation of it, so its optimum is that of
+the *split* problem (at most k homes per adapter), and bounds that assume unsplittable adapters
+(Martello–Toth L2, the arc-flow model) do not apply to it.
+
 Only configurations that can ever be feasible are listed: pieces with ``cap_load = 0``, memory
 errors, and (Amax, rank) pairs without a KV-capacity entry in the profile are dropped when the
 problem is built (``capacity.configs_for_type``), so the memory table is enforced by the
@@ -148,9 +160,13 @@ class PackingProblem:
     max_slots: dict[int, int] | None = None
     notes: tuple[str, ...] = field(default=())
     gpu_lower_bound: int = 0
+    max_homes: int = 1
 
     def __post_init__(self) -> None:
         n = len(self.ids)
+        if not isinstance(self.max_homes, int) or self.max_homes < 1:
+            raise ValueError(f"problem '{self.name}': field 'max_homes' must be an integer "
+                             f">= 1, got {self.max_homes!r}")
         for nm in ("ranks", "loads", "xs"):
             if len(getattr(self, nm)) != n:
                 raise ValueError(f"problem '{self.name}': field '{nm}' needs {n} values, "
@@ -165,6 +181,9 @@ class PackingProblem:
                              "the latency objective")
         if any(v < 0 for v in self.loads):
             raise ValueError(f"problem '{self.name}': field 'loads' must be >= 0")
+        if self.max_homes > 1 and any(v <= 0 for v in self.loads):
+            raise ValueError(f"problem '{self.name}': field 'loads' must be > 0 with "
+                             "max_homes > 1 (shares are fractions of the load)")
         for t in self.types:
             if t.count < 0:
                 raise ValueError(f"problem '{self.name}': type '{t.name}': field 'count' "
@@ -174,6 +193,11 @@ class PackingProblem:
     @property
     def n(self) -> int:
         return len(self.ids)
+
+    @property
+    def splits(self) -> bool:
+        """True when adapters may be split over several GPUs (``max_homes`` > 1)."""
+        return self.max_homes > 1
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -226,6 +250,62 @@ class PackingProblem:
                                                  for cut in self.cuts):
                 out.append(p)
         return out
+
+    def configs_admitting_split(self, type_index: int, items: Sequence[int], load: int
+                                ) -> list[int]:
+        """Configurations admitting a GPU that homes ``items`` and carries integer ``load``
+        (the shares' load; replication mode, where adapter-set cuts are not used)."""
+        if not items:
+            return []
+        x = sum(self.xs[i] for i in items)
+        mr = max(self.ranks[i] for i in items)
+        return [p for p, c in enumerate(self.types[type_index].configs)
+                if c.admits(load, x, mr)]
+
+    def split_load(self, items: Sequence[int], shares: Sequence[float]) -> int:
+        """Integer load of a GPU carrying ``shares`` of ``items`` (shares from a solution are
+        integer flows / w_i, so rounding recovers the flow)."""
+        return int(round(sum(self.loads[i] * s for i, s in zip(items, shares))))
+
+    def check_split_solution(self, gpus: Sequence[tuple[int, int, Sequence[int]]],
+                             shares: Sequence[Sequence[float]], tol: float = 1e-6
+                             ) -> list[str]:
+        """Problems with a replication-mode solution (``shares[k]`` aligned with the items of
+        GPU ``k``): every share in [0, 1] (0: a home without traffic, which the model allows),
+        shares summing to 1 per adapter, at most
+        ``max_homes`` homes, configurations admitting each GPU's homes and load (within
+        ``tol`` relative, for an LP solver's tolerance), type counts."""
+        problems = []
+        total = [0.0] * self.n
+        homes = [0] * self.n
+        per_type: dict[int, int] = {}
+        for (t, p, items), sh in zip(gpus, shares):
+            per_type[t] = per_type.get(t, 0) + 1
+            if len(set(items)) != len(items):
+                problems.append(f"type {self.types[t].name}: an adapter twice on one GPU")
+            for i, s in zip(items, sh):
+                if not 0.0 <= s <= 1.0 + tol:
+                    problems.append(f"adapter {self.ids[i]}: share {s} outside [0, 1]")
+                total[i] += s
+                homes[i] += 1
+            load = sum(self.loads[i] * s for i, s in zip(items, sh))
+            c = self.types[t].configs[p]
+            x = sum(self.xs[i] for i in items)
+            mr = max(self.ranks[i] for i in items)
+            slack = tol * max(1.0, c.cap)
+            if not (mr <= c.rank and c.x_lo <= x <= c.x_hi
+                    and c.load_lo - slack <= load <= c.cap + slack):
+                problems.append(f"type {self.types[t].name} config {p} does not admit "
+                                f"{list(items)} at load {load:.1f}")
+        for i in range(self.n):
+            if abs(total[i] - 1.0) > tol:
+                problems.append(f"adapter {self.ids[i]}: shares sum to {total[i]:.6f}")
+            if homes[i] > self.max_homes:
+                problems.append(f"adapter {self.ids[i]}: {homes[i]} homes > {self.max_homes}")
+        for t, c in per_type.items():
+            if c > self.types[t].count:
+                problems.append(f"type {self.types[t].name}: {c} GPUs > {self.types[t].count}")
+        return problems
 
     def gpu_cost(self, type_index: int, items: Sequence[int]) -> tuple[float, int] | None:
         """(objective contribution, best configuration index) of one GPU with these adapters,

@@ -9,6 +9,9 @@ Method options (``MethodOptions.extra``): ``threads``, ``warm_start`` (bool), ``
 ``Placement`` to start from instead of running greedy; when verified and accepted it is also the
 fallback answer), and the verification settings that ``optim.methods.solve`` passes down
 (``verify``, ``duration_s``, ``workers``).
+
+All three honour the instance's ``max_homes`` (replication with routing weights: the split
+variables of ``problem``), except on instances with configurations (catalog GPU types, power).
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ AUTO_MAX_GPUS = 16
 def _run(solver: str, name: str):
     def fn(inst: Instance, objective, options: MethodOptions) -> Placement:
         ex = options.extra
-        if inst.uses_configurations or objective.name == "energy":   # template model
+        configs = inst.uses_configurations or objective.name == "energy"
+        if configs and inst.max_homes > 1:
+            return Placement(inst.name, name, "failed", notes=(
+                f"max_homes {inst.max_homes}: replication is not supported with catalog GPU "
+                "types, power caps, a power budget or the energy objective (set max_homes to 1)",))
+        if configs:                                                    # template model
             from .templates import solve_templates
             return solve_templates(inst, objective.name, options.time_limit_s,
                                    ex.get("verify", False), ex.get("duration_s"),
@@ -60,10 +68,11 @@ def register() -> None:
     from .. import methods
     if "milp" not in methods._REGISTRY:
         register_method("milp", _run("milp", "milp"),
-                        objectives=("gpus", "cost", "latency", "energy"),
+                        objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
                         description="exact MILP (Pyomo + HiGHS), twin in the loop")
         register_method("cpsat", _run("cpsat", "cpsat"),
-                        objectives=("gpus", "cost", "latency", "energy"),
+                        objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
                         description="exact CP-SAT (OR-Tools), twin in the loop")
         register_method("auto", auto, objectives=("gpus", "cost", "latency", "energy"),
+                        max_homes=True,
                         description="cpsat on small instances, else greedy (or maxbase)")
