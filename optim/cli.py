@@ -4,7 +4,7 @@
 
 ``solve <instance.json> --method NAME [--verify/--no-verify] [--json OUT] [--vllm-args OUT]
 [--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]
-[--no-compact] [--quiet]`` prints the
+[--backend local|ray [--address A]] [--max-homes K] [--no-compact] [--quiet]`` prints the
 per-GPU table and a summary; ``generate --set paper|small|large --out DIR --seed S [--force]``
 writes an instance set; ``methods`` lists the registered methods.
 
@@ -17,6 +17,7 @@ twin's verdict.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Sequence
@@ -69,6 +70,19 @@ def cmd_solve(a: argparse.Namespace) -> int:
             check_twin_window(inst.adapters, inst.total_gpus_available, a.duration)
         except ValueError as e:
             raise CliError(f"--duration: {e}") from None
+    if a.max_homes is not None:
+        inst = _with_max_homes(inst, a.max_homes, a.method, info)
+    import twin.fleet
+    with contextlib.ExitStack() as stack:   # Ray starts / joins its cluster before solving
+        try:
+            pool = stack.enter_context(twin.fleet.use_backend(a.backend, a.address, a.workers))
+        except twin.fleet.FleetBackendError as e:
+            raise CliError(f"--{e.field}: {e.reason}") from None
+        return _solve_and_report(a, inst, json_out, vllm_out,
+                                 None if pool is not None else a.workers)
+
+
+def _solve_and_report(a: argparse.Namespace, inst, json_out, vllm_out, workers) -> int:
     import twin.fleet
     opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit,
                          extra={} if a.compact else {"compact": False})
@@ -78,7 +92,7 @@ def cmd_solve(a: argparse.Namespace) -> int:
     twin.fleet.show_progress = not a.quiet
     try:
         p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
-                  duration_s=a.duration, workers=a.workers)
+                  duration_s=a.duration, workers=workers)
     finally:
         twin.fleet.show_progress = False
     print(p.table(max_ids=a.show_ids))
@@ -104,6 +118,20 @@ def cmd_solve(a: argparse.Namespace) -> int:
             note = "" if p.verdict == "accepted" else f" (twin_verdict={p.verdict or 'unverified'})"
             print(f"wrote {vllm_out}{note}")
     return rc
+
+
+def _with_max_homes(inst, k: int, method: str, info):
+    """``inst`` with ``max_homes`` k (``--max-homes``), refused for a method that does not
+    replicate or beyond the pool."""
+    from dataclasses import replace
+    if k > 1 and not info.max_homes:
+        which = ", ".join(n for n in method_names() if get_method(n).max_homes)
+        raise CliError(f"--max-homes {k}: method '{method}' does not split adapters within "
+                       f"max_homes; it applies to {which}")
+    if k > inst.total_gpus_available:
+        raise CliError(f"--max-homes {k}: exceeds the {inst.total_gpus_available} GPU(s) of "
+                       "the pool")
+    return replace(inst, max_homes=k)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -150,13 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "accepts, each GPU's Amax chosen by the twin")
     s.add_argument("--gpus", type=positive_int, default=None,
                    help="fleet size for fixed-fleet methods (random, dlora, loraserve)")
+    s.add_argument("--max-homes", type=positive_int, default=None, metavar="K",
+                   help="route one adapter to at most K GPUs with weights (greedy, milp, cpsat, "
+                        "auto): greedy splits the adapters no GPU serves alone, the exact "
+                        "models get split variables (default: the instance's max_homes, else 1)")
     s.add_argument("--seed", type=seed_type, default=None,
                    help="seed of random methods and of the twin workload (default: the "
                         "instance's seed)")
     s.add_argument("--duration", type=float_above(0.0, MAX_DURATION_S), default=None, metavar="S",
                    help="twin window in seconds (default: the instance's duration_s)")
     s.add_argument("--workers", type=int_at_least(1, 256), default=None,
-                   help="processes for the twin replay (default: all cores)")
+                   help="processes for the twin replay (default: all cores); with --backend "
+                        "ray and no --address, the CPUs of the local Ray instance")
+    s.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="where the twin replays the GPUs: local processes, or Ray tasks")
+    s.add_argument("--address", default=None, metavar="A",
+                   help="--backend ray: the Ray cluster to run on (HOST:PORT as printed by `ray "
+                        "start --head`, ray://HOST:PORT or auto; default: a local Ray instance)")
     s.add_argument("--json", default=None, help="write the full placement record (JSON)")
     s.add_argument("--vllm-args", default=None,
                    help="write per-GPU vLLM server arguments (JSON, with the twin's verdict); "
