@@ -292,3 +292,22 @@ def test_cli_max_homes_flag(tmp_path, capsys):
     assert main(["solve", str(src), "--method", "greedy", "--no-verify", "--quiet",
                  "--max-homes", "7"]) == 2
     assert "exceeds the 6 GPU(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_split_latency_models_agree(seed):
+    """Latency objective with replication: HiGHS (continuous shares) and CP-SAT (integer flows)
+    reach the same optimum (flow integrality), and the split optimum is no worse than k = 1."""
+    P = random_problem(seed, "latency")
+    P = replace(P, max_homes=2)
+    rm = solve_milp(P, time_limit_s=20, threads=1)
+    rc = solve_cpsat(P, time_limit_s=20, threads=1)
+    assert rm.status == rc.status
+    if rm.status == "optimal":
+        assert rm.objective == pytest.approx(rc.objective, rel=1e-4, abs=1e-3)
+        for r in (rm, rc):
+            assert P.check_split_solution(r.gpus, [r.gpu_shares(k) for k in range(len(r.gpus))]) \
+                == []
+        one = solve_cpsat(replace(P, max_homes=1), time_limit_s=20, threads=1)
+        if one.status == "optimal":
+            assert rc.objective <= one.objective + 1e-6
