@@ -311,3 +311,21 @@ def test_split_latency_models_agree(seed):
         one = solve_cpsat(replace(P, max_homes=1), time_limit_s=20, threads=1)
         if one.status == "optimal":
             assert rc.objective <= one.objective + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_greedy_split_placements_are_consistent(monkeypatch, seed):
+    """Random loads with some adapters above one GPU (stand-in capacity 100): every adapter
+    routed in full, shares of one adapter on distinct GPUs, at most k homes, no GPU above the
+    capacity; the fleet never beats the capacity bound."""
+    monkeypatch.setattr(G, "load_fast_model", lambda profile: CapModel(100.0))
+    rng = np.random.default_rng(seed)
+    loads = list(rng.uniform(5, 60, 12)) + list(rng.uniform(110, 280, 2))
+    inst = _cap_inst(loads, k=3, gpus=20)
+    p = G.greedy(inst, _obj(inst), MethodOptions())
+    assert p.status == "solved", p.notes
+    assert shares_consistent(p.gpus, inst.adapters) == []
+    for hs in adapter_homes(p).values():
+        assert len(hs) <= 3 and len({g for g, _ in hs}) == len(hs)
+    assert all(g.offered_tps <= 100.0 + 1e-6 for g in p.gpus)
+    assert p.n_gpus >= int(np.ceil(sum(loads) / 100.0 - 1e-9))
