@@ -357,7 +357,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                               "max_homes": P.max_homes}
     if bad:
         ids = [P.ids[i] for i in bad]
-        why = (f"fit no configuration of any GPU type (rank, load or memory): "
+        why = ("fit no configuration of any GPU type (rank, load or memory): "
                if not P.splits else
                f"offer more load than max_homes={P.max_homes} GPUs can carry (the capacity "
                f"model's largest caps of the {P.max_homes} best homes for their rank): ")
