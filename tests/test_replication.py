@@ -329,3 +329,35 @@ def test_greedy_split_placements_are_consistent(monkeypatch, seed):
         assert len(hs) <= 3 and len({g for g, _ in hs}) == len(hs)
     assert all(g.offered_tps <= 100.0 + 1e-6 for g in p.gpus)
     assert p.n_gpus >= int(np.ceil(sum(loads) / 100.0 - 1e-9))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_fit_start_is_admitted_and_no_better_than_optimal(seed):
+    from optim.exact.split import as_split_start, split_fit
+    P = _split_problem(seed, 2, "gpus")
+    st = split_fit(P)
+    bf = brute_force_split(P)
+    if st is None:
+        return
+    assert P.check_split_solution(st.gpus, st.shares) == []
+    assert bf is not None and st.objective >= bf[0] - 1e-9
+    again = as_split_start(P, [(t, items, st.gpu_shares(k))
+                               for k, (t, _, items) in enumerate(st.gpus)])
+    assert again is not None and again.objective == st.objective
+    for fn in (solve_milp, solve_cpsat):            # the hinted solve still proves the optimum
+        r = fn(P, time_limit_s=20, threads=1, split_hint=st)
+        assert (r.status, r.objective) == ("optimal", bf[0])
+
+
+def test_split_start_for_the_hot_adapter():
+    from optim.exact.capacity import build_problem
+    from optim.exact.split import as_split_start, split_fit
+    inst = load_instance(HOT)
+    P = build_problem(inst)
+    st = split_fit(P)
+    assert st is not None and P.check_split_solution(st.gpus, st.shares) == []
+    hot = [k for k, (_, _, items) in enumerate(st.gpus) if 0 in items]
+    assert 2 <= len(hot) <= 3
+    # a placement with 'hot' twice on one GPU is not admitted
+    bad = [(0, [0, 0], [0.5, 0.5])] + [(0, list(range(1, 9)), [1.0] * 8)]
+    assert as_split_start(P, bad) is None

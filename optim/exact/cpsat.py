@@ -203,6 +203,25 @@ def set_objective(m, P, E, v: Vars) -> float:
     return 1.0
 
 
+def _add_split_hint(m, P, E, v: Vars, start: SolveResult) -> None:
+    """Hints y, z, x and the flows f = w_i x share from a replication start (none when it does
+    not fit the slots)."""
+    from .split import hint_slots
+    hs = hint_slots(P, E, start)
+    if hs is None:
+        return
+    for g, t in enumerate(E.slots):
+        pe, items, shares = hs.get(g, (None, (), ()))
+        m.AddHint(v.y[g], g in hs)
+        for p in range(len(E.configs[t])):
+            m.AddHint(v.z[g, p], p == pe)
+        share = dict(zip(items, shares))
+        for i in range(P.n):
+            if (i, g) in v.x:
+                m.AddHint(v.x[i, g], i in share)
+                m.AddHint(v.f[i, g], int(round(P.loads[i] * share.get(i, 0.0))))
+
+
 def build_model(P: PackingProblem, symmetry: bool = True):
     if P.splits and P.cuts:
         raise ValueError(f"problem '{P.name}': adapter-set cuts are not valid with replication "
@@ -230,8 +249,10 @@ def build_model(P: PackingProblem, symmetry: bool = True):
 
 def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | None = None,
                 warm_start: Sequence[tuple[int, Sequence[int]]] | None = None,
-                symmetry: bool = True, seed: int = 0, verbose: bool = False) -> SolveResult:
-    """Solve with CP-SAT (``num_workers`` = threads, seeded); ``warm_start`` as a hint."""
+                symmetry: bool = True, seed: int = 0, verbose: bool = False,
+                split_hint: SolveResult | None = None) -> SolveResult:
+    """Solve with CP-SAT (``num_workers`` = threads, seeded); ``warm_start`` as a hint, or with
+    replication ``split_hint`` (a start with shares, ``split``) when there is no unsplit one."""
     t0 = time.perf_counter()
     m, E, v, scale = build_model(P, symmetry)
     start = warm_start_solution(P, E, warm_start)
@@ -250,6 +271,8 @@ def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | No
                     m.AddHint(v.x[i, g], used and i in slots[g][2])
                     if v.f is not None:
                         m.AddHint(v.f[i, g], P.loads[i] if used and i in slots[g][2] else 0)
+    elif split_hint is not None and v.f is not None:
+        _add_split_hint(m, P, E, v, split_hint)
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = max(0.1, float(time_limit_s) - (time.perf_counter() - t0))
     s.parameters.num_workers = int(threads or default_threads())

@@ -58,7 +58,7 @@ from .capacity import build_problem
 from .common import SolveResult, effective, warm_start_solution
 from .first_fit import best_start, solution_value
 from .problem import LOAD_SCALE, CapacityCut, Cut, PackingProblem, scale_load
-from .split import balance_shares
+from .split import as_split_start, balance_shares, split_fit
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_MAX_ITERATIONS = 30
@@ -108,6 +108,20 @@ def _as_solution(P: PackingProblem, p: Placement) -> list[tuple[int, list[int]]]
                 or any(a.id not in idx for a, _ in g.adapters):
             return None
         out.append((tix[g.gpu_type], [idx[a.id] for a, _ in g.adapters]))
+    return out
+
+
+def _as_split(P: PackingProblem, p: Placement) -> list[tuple[int, list[int], list[float]]] | None:
+    """A placement as (type index, adapter indices, shares) per GPU; ``None`` when it uses a
+    GPU type or adapter the problem does not have."""
+    idx = {a: i for i, a in enumerate(P.ids)}
+    tix = {t.name: k for k, t in enumerate(P.types)}
+    out = []
+    for g in p.gpus:
+        if g.gpu_type not in tix or any(a.id not in idx for a, _ in g.adapters):
+            return None
+        out.append((tix[g.gpu_type], [idx[a.id] for a, _ in g.adapters],
+                    [float(s) for _, s in g.adapters]))
     return out
 
 
@@ -230,19 +244,32 @@ def _cut_for(P: PackingProblem, t: int, rank: int, amax: int, items: Sequence,
 
 def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int | None,
                  starts: Sequence[tuple[str, Sequence[tuple[int, Sequence[int]]]]],
-                 seed: int) -> tuple[SolveResult, dict[str, Any]]:
+                 seed: int, split_given: Sequence[tuple[str, Sequence]] = ()
+                 ) -> tuple[SolveResult, dict[str, Any]]:
     """One solve of ``P`` before ``deadline``: the arc-flow model when it is exact for ``P``
     (``arcflow.applicable``; LP bound and an LP dive first), else the assignment model with the
-    pool cut down to what can beat the best start. Returns the result and a record of how."""
+    pool cut down to what can beat the best start. With replication, ``split.split_fit`` and the
+    split placements of ``split_given`` ((name, [(type, adapters, shares), ...])) the model
+    admits are starts too. Returns the result and a record of how."""
     info: dict[str, Any] = {}
     E = effective(P)
     mapped = [(name, sol, m) for name, sol in starts
               if (m := warm_start_solution(P, E, sol)) is not None]
     first = min(mapped, key=lambda s: solution_value(P, s[1]), default=None)
     best = first[:2] if first else None
-    info["start"] = best[0] if best else None
-    r = _solve_model(P, solver, deadline, threads, best, seed, info)
-    if r.status == "unknown" and r.objective is None and first is not None:
+    split_best = _split_start(P, split_given) if P.splits else None
+    if split_best is not None and best is not None \
+            and split_best[1].objective >= solution_value(P, best[1]):
+        split_best = None                   # an unsplit start at least as good
+    info["start"] = split_best[0] if split_best else (best[0] if best else None)
+    r = _solve_model(P, solver, deadline, threads, best, seed, info,
+                     split_best[1] if split_best else None)
+    if r.status == "unknown" and r.objective is None and split_best is not None:
+        name, st = split_best
+        r = replace(st, solver=solver, bound=r.bound, solve_time_s=r.solve_time_s,
+                    warm_start_used=True,
+                    details={"termination": f"time limit; best start ({name}) returned"})
+    elif r.status == "unknown" and r.objective is None and first is not None:
         # the search found nothing in time: the best start the model admits, with the bound
         name, sol, m = first
         gpus = tuple((t, E.orig[t][p], items) for t, p, items in m)
@@ -251,10 +278,21 @@ def _model_solve(P: PackingProblem, solver: str, deadline: float, threads: int |
     return r, info
 
 
+def _split_start(P: PackingProblem, given: Sequence[tuple[str, Sequence]]
+                 ) -> tuple[str, SolveResult] | None:
+    """The best replication start: ``split_fit`` or a given split placement the model admits."""
+    cands = [(name, st) for name, sol in given if (st := as_split_start(P, sol)) is not None]
+    fit = split_fit(P)
+    if fit is not None:
+        cands.append(("split-fit", fit))
+    return min(cands, key=lambda c: c[1].objective, default=None)
+
+
 def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int | None,
                  best: tuple[str, Sequence] | None, seed: int,
-                 info: dict[str, Any]) -> SolveResult:
-    """The solve of ``_model_solve`` (model choice, dive, search), recording into ``info``."""
+                 info: dict[str, Any], split_hint: SolveResult | None = None) -> SolveResult:
+    """The solve of ``_model_solve`` (model choice, dive, search), recording into ``info``;
+    ``split_hint``: a replication start (assignment model only)."""
     from . import arcflow
     from .cpsat import solve_cpsat
     from .milp import solve_milp
@@ -294,7 +332,10 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
             r = replace(r, bound=max(r.bound, float(lb)))
         return r
     info["why_not_arcflow"] = reason
-    Pm = _pool_below(P, [best] if best is not None else [])
+    pool_starts = [best] if best is not None else []
+    if split_hint is not None:
+        pool_starts.append(("split", [(t, items) for t, _, items in split_hint.gpus]))
+    Pm = _pool_below(P, pool_starts)
     pairs = Pm.n * len(Pm.slots)
     left = deadline - time.perf_counter()
     info["pairs"] = pairs
@@ -306,7 +347,8 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
                            {"termination": "model too large for the time left"})
     fn = solve_milp if solver == "milp" else solve_cpsat
     return fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
-              warm_start=best[1] if best else None)
+              warm_start=best[1] if best and split_hint is None else None,
+              split_hint=split_hint)
 
 
 def _pool_below(P: PackingProblem, starts) -> PackingProblem:
@@ -372,6 +414,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     if ff is not None:
         starts.append(ff)
     incumbent: Placement | None = None          # best twin-accepted placement so far
+    hname, hplace = None, None                  # the heuristic's name and placement
     if warm_start and not constant:
         if given is not None:       # a placement the caller already has (e.g. greedy's)
             hname, hsol, hplace = given.method, _as_solution(P, given), given
@@ -393,6 +436,11 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         if verify and hplace is not None and hplace.verdict == "accepted" \
                 and hplace.status in ("solved", "optimal"):
             incumbent = hplace
+    split_given: list[tuple[str, list]] = []       # a split heuristic placement, as a start
+    if P.splits and hplace is not None and hplace.gpus:
+        sg = _as_split(P, hplace)
+        if sg is not None:
+            split_given.append((hname, sg))
     params["starts"] = {name: solution_value(P, sol) for name, sol in starts}
     pool_cap = _pool_below(P, starts)
     if bounds and not constant and time.perf_counter() < deadline - 1.0 \
@@ -418,7 +466,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             ffc = best_start(Pc)
             if ffc is not None:
                 it_starts.append(ffc)
-        r, how = _model_solve(Pc, solver, deadline, threads, it_starts, inst.seed)
+        r, how = _model_solve(Pc, solver, deadline, threads, it_starts, inst.seed,
+                              split_given if warm_start else ())
         if Pc.splits and r.gpus:            # same homes, most balanced routing weights
             r = balance_shares(Pc, r)
         rec = {"iteration": it, "status": r.status, "objective": r.objective, "bound": r.bound,

@@ -248,6 +248,25 @@ def _set_start(m, P, E, start) -> None:
                                     if used and slots[g][1] == p else 0)
 
 
+def _set_split_start(m, P, E, start: SolveResult) -> bool | None:
+    """Values y, z, x, s from a replication start (True), None when it does not fit the slots."""
+    from .split import hint_slots
+    hs = hint_slots(P, E, start)
+    if hs is None:
+        return None
+    for g, t in enumerate(E.slots):
+        pe, items, shares = hs.get(g, (None, (), ()))
+        m.y[g].set_value(1 if g in hs else 0)
+        for p in range(len(E.configs[t])):
+            m.z[g, p].set_value(1 if p == pe else 0)
+        share = dict(zip(items, shares))
+        for i in range(P.n):
+            if not m.x[i, g].fixed:
+                m.x[i, g].set_value(1 if i in share else 0)
+                m.s[i, g].set_value(share.get(i, 0.0))
+    return True
+
+
 _HIGHS_THREADS: int | None = None
 
 
@@ -264,15 +283,19 @@ def highs_threads(requested: int | None) -> int:
 def solve_milp(P: PackingProblem, time_limit_s: float = 60.0, threads: int | None = None,
                warm_start: Sequence[tuple[int, Sequence[int]]] | None = None,
                mip_gap: float = 0.0, symmetry: bool = True, relax: bool = False,
-               verbose: bool = False) -> SolveResult:
+               verbose: bool = False, split_hint: SolveResult | None = None) -> SolveResult:
     """Solve with HiGHS. ``warm_start``: a heuristic solution as ``(type_index, adapters)`` per
-    GPU (ignored when it violates the model). ``relax=True`` solves the LP relaxation."""
+    GPU (ignored when it violates the model); with replication ``split_hint`` (a start with
+    shares, ``split``) when there is no unsplit one. ``relax=True`` solves the LP
+    relaxation."""
     from pyomo.contrib.appsi.solvers import Highs
     t0 = time.perf_counter()
     m, E = build_model(P, relax=relax, symmetry=symmetry)
     start = None if relax else warm_start_solution(P, E, warm_start)
     if start is not None:
         _set_start(m, P, E, start)
+    elif not relax and split_hint is not None and P.splits:
+        start = _set_split_start(m, P, E, split_hint)
     s = Highs()
     s.config.time_limit = max(0.1, float(time_limit_s) - (time.perf_counter() - t0))
     s.config.mip_gap = mip_gap
