@@ -3,14 +3,16 @@ with static weights, never routes outside an adapter's homes; policies behave as
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from twin.fleet import GpuAssignment, simulate_fleet
 from twin.lengths import default_lengths
 from twin.profile import load_profile
-from twin.routing import (ROUTER_NAMES, GpuSnapshot, LearnedRouter, RouteRequest, RoutedGpu,
-                          RoutingPlan, make_router, simulate_routed)
+from twin.routing import (ROUTER_NAMES, GpuSnapshot, LearnedRouter, PlanSwitch, RouteRequest,
+                          RoutedGpu, RoutingPlan, make_router, simulate_routed)
 from twin.serve.engine import EngineSettings, replay
 from twin.server import ServerConfig
 from twin.workload import Adapter, adapters_from_cycles, generate_requests
@@ -128,12 +130,14 @@ def test_affinity_loads_fewer_adapters_than_uniform_under_zipf():
     assert lor.mean_ttft_s < uni.mean_ttft_s      # load-aware beats blind on the same requests
 
 
-def _snap(g, outstanding, resident=False, speed=20.0):
-    return GpuSnapshot(g, outstanding, outstanding, 0, 0.1, resident, 0, 4, 4, 8, 16, speed)
+def _snap(g, outstanding, resident=False, speed=20.0, running_adapters=4, waiting_adapters=0,
+          input_len=None):
+    return GpuSnapshot(g, outstanding, outstanding, 0, 0.1, resident, 0, 4, 4, 8, 16, speed,
+                       running_adapters, waiting_adapters, resident, False, 6.4)
 
 
 def test_learned_router_falls_back_when_cold_and_out_of_range():
-    r = LearnedRouter(0, refit_every=20, min_samples=40, explore=0.0)
+    r = LearnedRouter(0, refit_every=20, min_samples=40, explore=0.0, slot_cost=0.0)
     req = RouteRequest(0, 0, 16, 100, 0.0, (0, 1), (0.5, 0.5))
     # cold: the affinity scorer decides (resident GPU 1 despite a little more load)
     assert r.route(req, [_snap(0, 2), _snap(1, 4, resident=True)]) == 1
@@ -175,3 +179,143 @@ def test_plan_and_router_errors_name_the_problem():
         make_router("uniform", -1)
     with pytest.raises(ValueError, match="explore"):
         LearnedRouter(0, explore=1.5)
+
+
+class _Recorder:
+    """Routes like ``uniform`` and keeps every snapshot it was shown."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.inner = make_router("uniform", 9)
+        self.seen = []
+
+    def route(self, request, snapshots):
+        self.seen.append((request, list(snapshots)))
+        return self.inner.route(request, snapshots)
+
+    def observe(self, request_index, ttft_s, now):
+        pass
+
+
+def test_snapshots_show_the_slot_state_of_the_requests_adapter():
+    plan, adapters = _replicated_fleet(n_gpu=2, n_adapters=30)
+    req = generate_requests(adapters, 60.0, default_lengths(), seed=3)
+    rec = _Recorder()
+    simulate_routed(plan, adapters, req, rec, 60.0)
+    snaps = [s for _, ss in rec.seen for s in ss]
+    for s in snaps:
+        assert 0 <= s.running_adapters <= s.max_loras
+        assert s.free_slots == max(s.max_loras - s.running_adapters - s.waiting_adapters, 0)
+        assert not s.adapter_running or (s.running > 0 and s.running_adapters > 0)
+        assert s.load_ms == pytest.approx(PROFILE.load_time_ms(16, 16))
+    # real traffic: slots fill up (blocked adapters exist) and adapters are often running
+    assert any(s.free_slots == 0 and not s.adapter_running and not s.adapter_waiting
+               for s in snaps)
+    assert np.mean([s.adapter_running for s in snaps]) > 0.2
+
+
+def _blocked_snap(g, outstanding, blocked):
+    """A GPU whose 8 slots are all running (blocked: the request's adapter is not among them)."""
+    return GpuSnapshot(g, outstanding, outstanding, 0, 0.3, not blocked, 0, 8, 8, 8, 16, 20.0,
+                       8, 0, not blocked, False, 6.4)
+
+
+def _teach_blocking(r, n=300, seed=0):
+    """Samples: TTFT ~ 50 ms + 5 ms per outstanding request, + 2 s when blocked."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        out, blocked = int(rng.integers(0, 30)), bool(rng.random() < 0.3)
+        q = RouteRequest(i, 0, 16, 100, float(i), (0,), (1.0,))
+        r.route(q, [_blocked_snap(0, out, blocked)])
+        r.observe(i, 0.05 + 0.005 * out + (2.0 if blocked else 0.0), float(i) + 0.1)
+
+
+def test_learned_router_avoids_a_blocked_gpu_it_learned_is_slow():
+    r = LearnedRouter(0, refit_every=20, min_samples=40, explore=0.0)
+    _teach_blocking(r)
+    q = RouteRequest(1000, 0, 16, 100, 1000.0, (0, 1), (0.5, 0.5))
+    # the unblocked GPU carries more requests, yet the model sends the request there
+    assert r.route(q, [_blocked_snap(0, 3, True), _blocked_snap(1, 20, False)]) == 1
+    assert r.decisions["model"] == 1
+    pred = r.predict_log_ttft(q, [_blocked_snap(0, 3, True), _blocked_snap(1, 20, False)])
+    assert pred[0] - pred[1] > np.log(5)
+
+
+def test_the_slot_price_prefers_a_gpu_where_the_adapter_is_queued():
+    # two GPUs the model cannot tell apart by TTFT (same load; the adapter cold on one, where a
+    # slot is free): without the price a noise-level difference decides, with it the warm one
+    def snaps():
+        warm = GpuSnapshot(0, 5, 5, 0, 0.3, True, 1, 6, 6, 8, 16, 20.0, 6, 0, True, False, 6.4)
+        cold = GpuSnapshot(1, 5, 5, 0, 0.3, False, 0, 6, 6, 8, 16, 20.0, 6, 0, False, False, 6.4)
+        return [warm, cold]
+
+    picks = {}
+    for cost in (0.0, 0.5):
+        r = LearnedRouter(3, refit_every=20, min_samples=40, explore=0.0, slot_cost=cost)
+        rng = np.random.default_rng(1)
+        for i in range(200):      # TTFT depends on the load only
+            out = int(rng.integers(0, 30))
+            s = snaps()[i % 2]
+            s = dataclasses.replace(s, gpu=0, outstanding=out, running=out)
+            r.route(RouteRequest(i, 0, 16, 100, float(i), (0,), (1.0,)), [s])
+            r.observe(i, 0.05 + 0.005 * out, float(i) + 0.1)
+        picks[cost] = [r.route(RouteRequest(500 + k, 0, 16, 100, 500.0, (0, 1), (0.5, 0.5)),
+                               snaps()) for k in range(40)]
+    assert set(picks[0.5]) == {0}
+    pred_gap = abs(np.diff(r.predict_log_ttft(RouteRequest(0, 0, 16, 100, 0, (0, 1), (.5, .5)),
+                                              snaps()))[0])
+    assert pred_gap < 0.5        # the price, not the model, separates them
+    q = RouteRequest(0, 0, 16, 100, 0, (0, 1), (.5, .5))
+    from twin.routing.learned import raw_features
+    feats = np.stack([raw_features(x, q) for x in snaps()])
+    extra = r.score(feats) - r.predict_log_ttft(q, snaps())
+    np.testing.assert_allclose(extra, [0.0, 0.5 * 6 / 8])     # cold, 6 of 8 slots running
+
+
+def test_recency_weighting_follows_a_drift():
+    # the same snapshot first gives 50 ms, then (rates drifted) 500 ms: a short half-life
+    # moves the prediction to the new level, an infinite one stays in between
+    preds = {}
+    for hl in (20.0, float("inf")):
+        r = LearnedRouter(0, refit_every=20, min_samples=40, explore=0.0, half_life_s=hl,
+                          window=1000)
+        rng = np.random.default_rng(2)
+        for i in range(400):
+            out = int(rng.integers(0, 30))
+            q = RouteRequest(i, 0, 16, 100, float(i), (0,), (1.0,))
+            r.route(q, [_snap(0, out)])
+            r.observe(i, (0.05 if i < 300 else 0.5) * (1 + 0.01 * out), float(i) + 0.1)
+        q = RouteRequest(999, 0, 16, 100, 400.0, (0,), (1.0,))
+        preds[hl] = float(np.exp(r.predict_log_ttft(q, [_snap(0, 10)])[0]))
+    assert preds[20.0] > 0.4
+    assert preds[float("inf")] < 0.3
+
+
+def test_a_plan_switch_to_the_same_plan_changes_nothing_and_a_restart_waits_for_the_drain():
+    plan, adapters = _replicated_fleet(n_gpu=3)
+    req = generate_requests(adapters, 90.0, default_lengths(), seed=6)
+    base = simulate_routed(plan, adapters, req, make_router("static", 2), 90.0)
+    same = PlanSwitch(30.0, plan.homes, plan.weights, (-1, -1, -1))
+    res = simulate_routed(plan, adapters, req, make_router("static", 2), 90.0, switch=same)
+    np.testing.assert_array_equal(res.first_t, base.first_t)
+    np.testing.assert_array_equal(res.gpu, base.gpu)
+    # GPU 2 restarts as GPU 3 at t=30: no request reaches GPU 2 after it, and GPU 3's first
+    # token comes after GPU 2's last request finished
+    gpus = plan.gpus + (plan.gpus[2],)
+    before = RoutingPlan(gpus, plan.homes, plan.weights)
+    homes = tuple(tuple(3 if g == 2 else g for g in hs) for hs in plan.homes)
+    sw = PlanSwitch(30.0, homes, plan.weights, (-1, -1, -1, 2))
+    res = simulate_routed(before, adapters, req, make_router("static", 2), 90.0, switch=sw)
+    late = req.arrival_s >= 30.0
+    assert not np.any(res.gpu[late] == 2) and np.any(res.gpu[late] == 3)
+    assert not np.any(res.gpu[~late] == 3)
+    drained = res.finish_t[res.gpu == 2].max()
+    started = res.first_t[(res.gpu == 3) & (res.first_t >= 0)]
+    assert drained > 30.0 and len(started) > 50 and started.min() > drained
+    with pytest.raises(ValueError, match="starts_after"):
+        simulate_routed(before, adapters, req, make_router("static", 2), 90.0,
+                        switch=PlanSwitch(30.0, homes, plan.weights, (-1, -1, 3, 2)))
+    with pytest.raises(ValueError, match="at_s"):
+        simulate_routed(before, adapters, req, make_router("static", 2), 90.0,
+                        switch=PlanSwitch(-1.0, homes, plan.weights, (-1, -1, -1, 2)))

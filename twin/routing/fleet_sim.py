@@ -50,13 +50,17 @@ class RoutingPlan:
     homes: tuple[tuple[int, ...], ...]
     weights: tuple[tuple[float, ...], ...]
 
-    def check(self, adapters: Sequence[Adapter]) -> None:
+    def check(self, adapters: Sequence[Adapter], allow_homeless: bool = False) -> None:
         """Every adapter has homes on existing GPUs (no duplicates), positive weights summing
-        to 1, and a rank each home's ``max_lora_rank`` can hold."""
+        to 1, and a rank each home's ``max_lora_rank`` can hold. ``allow_homeless``: adapters
+        without homes are allowed (the plan before a :class:`PlanSwitch`, for adapters that
+        arrive with the new plan)."""
         if len(self.homes) != len(adapters) or len(self.weights) != len(adapters):
             raise ValueError(f"routing plan: {len(self.homes)} home lists and {len(self.weights)} "
                              f"weight lists for {len(adapters)} adapters")
         for i, (a, hs, ws) in enumerate(zip(adapters, self.homes, self.weights)):
+            if not hs and allow_homeless and not ws:
+                continue
             if not hs:
                 raise ValueError(f"routing plan: adapter '{a.id}' has no home")
             if len(set(hs)) != len(hs) or len(ws) != len(hs):
@@ -93,6 +97,39 @@ class RoutingPlan:
                 homes[pos[a.id]].append(g)
                 weights[pos[a.id]].append(float(share))
         return cls(tuple(gpus), tuple(map(tuple, homes)), tuple(map(tuple, weights)))
+
+
+@dataclass(frozen=True)
+class PlanSwitch:
+    """A re-plan taking effect at ``at_s``: requests arriving from then on are routed by
+    ``homes`` / ``weights`` (indices into the same GPU list as the plan before). Adapters get
+    registered on their new homes at ``at_s`` (not resident: their first batch pays the load
+    time); old homes receive no more requests of an adapter that left them and drain what they
+    hold. ``starts_after[g]`` = the GPU that must drain before GPU ``g`` starts (a server
+    restarted with a new configuration: the old instance finishes its in-flight requests, then
+    the new one starts cold; requests routed to it wait), or -1."""
+
+    at_s: float
+    homes: tuple[tuple[int, ...], ...]
+    weights: tuple[tuple[float, ...], ...]
+    starts_after: tuple[int, ...]
+
+    def check(self, plan: RoutingPlan, adapters: Sequence[Adapter]) -> None:
+        """The new routing is a valid plan on the same GPUs; every restart names another GPU
+        that is nobody's home after the switch."""
+        if not (math.isfinite(self.at_s) and self.at_s >= 0):
+            raise ValueError(f"plan switch at_s: must be a finite number >= 0, got {self.at_s!r}")
+        RoutingPlan(plan.gpus, self.homes, self.weights).check(adapters)
+        if len(self.starts_after) != len(plan.gpus):
+            raise ValueError(f"plan switch starts_after: {len(self.starts_after)} entries for "
+                             f"{len(plan.gpus)} GPUs")
+        homes_after = {g for hs in self.homes for g in hs}
+        for g, p in enumerate(self.starts_after):
+            if p == -1:
+                continue
+            if not 0 <= p < len(plan.gpus) or p == g or p in homes_after:
+                raise ValueError(f"plan switch starts_after[{g}] = {p}: must be -1 or another "
+                                 "GPU that is no home after the switch")
 
 
 @dataclass(frozen=True)
@@ -167,11 +204,19 @@ class RoutedFleetResult:
 
 
 def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Requests,
-                    router: Router, duration_s: float, progress: bool = False
-                    ) -> RoutedFleetResult:
+                    router: Router, duration_s: float, progress: bool = False,
+                    switch: PlanSwitch | None = None) -> RoutedFleetResult:
     """Route and simulate ``requests`` (adapter index into ``adapters``) over
-    ``[0, duration_s)``; requests arriving at or after ``duration_s`` are not sent."""
-    plan.check(adapters)
+    ``[0, duration_s)``; requests arriving at or after ``duration_s`` are not sent. With
+    ``switch``, the routing changes to the switch's plan at its time (a re-plan's transition:
+    loads on the new homes, drains of the old ones, restarts)."""
+    plan.check(adapters, allow_homeless=switch is not None)
+    if switch is not None:
+        switch.check(plan, adapters)
+        early = requests.arrival_s < switch.at_s
+        if any(not plan.homes[a] for a in np.unique(requests.adapter[early])):
+            raise ValueError("requests: an adapter without a home before the plan switch has "
+                             "requests before it")
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s: must be a finite number > 0, got {duration_s!r}")
     if len(requests) and int(requests.adapter.max()) >= len(adapters):
@@ -192,13 +237,33 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
     routed = [0] * n_gpu
     finished_seen = [0] * n_gpu
     done_events: list[deque] = [deque() for _ in range(n_gpu)]   # (t_end, n finished) per step
-    pre = [(0, 0, 0)] * n_gpu          # (running, waiting, kv used blocks) at the step's start
+    # per GPU, the server state at the start of its last step (what its stats showed while the
+    # step ran): running and queued requests (shallow copies), KV blocks used
+    pre: list[tuple] = [((), (), 0)] * n_gpu
     sent_at_pre = [0] * n_gpu
     # per GPU, per adapter: outstanding requests (for the affinity features)
     aout: list[dict[int, int]] = [dict() for _ in range(n_gpu)]
     active = [0] * n_gpu               # adapters with a request outstanding, per GPU
     labels: list[tuple[float, int, float]] = []   # heap of (t_first_token, request index, ttft)
     learns = bool(getattr(router, "learns", False))     # wants TTFT labels
+
+    cur_homes, cur_weights = plan.homes, plan.weights
+    switched = switch is None
+
+    def do_switch() -> None:
+        nonlocal cur_homes, cur_weights, switched
+        t0 = switch.at_s
+        for i, hs in enumerate(switch.homes):
+            for g in hs:
+                if i not in cores[g].load_ms:
+                    p = plan.gpus[g]
+                    cores[g].register_adapter(i, p.profile.load_time_ms(adapters[i].rank,
+                                                                        p.max_lora_rank))
+        for g, prev in enumerate(switch.starts_after):
+            if prev >= 0:
+                advance(prev, math.inf)             # it gets no new requests: drain it
+                cores[g].clock = max(cores[g].clock, cores[prev].clock, t0)
+        cur_homes, cur_weights, switched = switch.homes, switch.weights, True
 
     n = len(requests)
     gpu_of = np.full(n, -1, np.int64)
@@ -207,13 +272,13 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
     a_idx = requests.adapter
     ranks = [a.rank for a in adapters]
     kv_total = [c.settings.kv_blocks for c in cores]
+    load_ms = [c.load_ms for c in cores]
 
     def advance(g: int, t: float) -> None:
         core = cores[g]
         while core.clock < t:
             sched = core.sched
-            pre[g] = (len(sched.running), len(sched.waiting) + len(core.pending),
-                      core.kv.used_blocks)
+            pre[g] = (list(sched.running), [*sched.waiting, *core.pending], core.kv.used_blocks)
             sent_at_pre[g] = routed[g]
             rec = core.step()
             if rec is None:
@@ -242,18 +307,21 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
     def snapshot(g: int, t: float, adapter: int) -> GpuSnapshot:
         core = cores[g]
         if core.clock > t:            # a step is in progress: state as of its start
-            running, waiting, used = pre[g]
-            waiting += routed[g] - sent_at_pre[g]
+            running, queued, used = pre[g]
+            extra = routed[g] - sent_at_pre[g]
         else:
-            running = len(core.sched.running)
-            waiting = len(core.sched.waiting) + len(core.pending)
-            used = core.kv.used_blocks
-        lru = core.slots.lru
+            running = core.sched.running
+            queued = [*core.sched.waiting, *core.pending]
+            used, extra = core.kv.used_blocks, 0
+        lru = core.slots.lru      # slots are filled at a step's start (its loads come first)
+        run_ad = {r.adapter for r in running}
+        wait_ad = {r.adapter for r in queued}
         gp = plan.gpus[g]
-        return GpuSnapshot(g, routed[g] - finished_seen[g], running, waiting, used / kv_total[g],
-                           adapter in lru, aout[g].get(adapter, 0), active[g], len(lru),
-                           gp.max_loras,
-                           gp.max_lora_rank, speed[g])
+        return GpuSnapshot(g, routed[g] - finished_seen[g], len(running), len(queued) + extra,
+                           used / kv_total[g], adapter in lru, aout[g].get(adapter, 0),
+                           active[g], len(lru), gp.max_loras, gp.max_lora_rank, speed[g],
+                           len(run_ad), len(wait_ad - run_ad), adapter in run_ad,
+                           adapter in wait_ad, load_ms[g].get(adapter, 0.0))
 
     bar = None
     if progress:
@@ -265,7 +333,9 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
         if t >= duration_s:
             break
         a = int(a_idx[i])
-        homes = plan.homes[a]
+        if not switched and t >= switch.at_s:
+            do_switch()
+        homes = cur_homes[a]
         for g in homes:     # other GPUs catch up when they next matter (labels wait in time order)
             advance(g, t)
         for g in homes:
@@ -275,7 +345,7 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
                 t_lab, idx, ttft = heapq.heappop(labels)
                 router.observe(idx, ttft, t_lab)
         req = RouteRequest(i, a, ranks[a], int(requests.input_len[i]), t, homes,
-                           plan.weights[a])
+                           cur_weights[a])
         snaps = [snapshot(g, t, a) for g in homes]
         g = router.route(req, snaps)
         assert g in homes, f"router {router.name} sent adapter {a} to GPU {g}, not a home {homes}"
@@ -288,6 +358,8 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
         active[g] += k == 0
         if bar is not None and i % 500 == 0:
             bar.update(500)
+    if not switched and switch.at_s < duration_s:
+        do_switch()
     for g in range(n_gpu):
         advance(g, duration_s)
     if bar is not None:
