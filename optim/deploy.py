@@ -199,8 +199,26 @@ def routing_table(p: Placement, layout: Layout = Layout()) -> list[dict[str, Any
                               f"{total}; cannot route it")
         for h in r["homes"]:
             h["share"] = h["share"] / total
-            h["weight"] = max(1, round(WEIGHT_SCALE * h["share"]))
+        for h, w in zip(r["homes"], integer_weights([h["share"] for h in r["homes"]])):
+            h["weight"] = w
     return [rows[k] for k in sorted(rows)]
+
+
+def integer_weights(shares: Sequence[float], scale: int = WEIGHT_SCALE) -> list[int]:
+    """Integer weights proportional to ``shares`` (summing to 1) that sum to exactly ``scale``,
+    each at least 1 (a home with weight 0 would never be routed to): largest remainders, ties to
+    the earlier home, so 1/3 each gives 334, 333, 333 rather than 333 x 3 = 999."""
+    n = len(shares)
+    exact = [max(scale * s, 1.0) for s in shares]
+    w = [int(x) for x in exact]
+    left = scale - sum(w)
+    order = sorted(range(n), key=lambda i: (-(exact[i] - w[i]), i))
+    for i in order[:max(left, 0)]:
+        w[i] += 1
+    while sum(w) > scale:                   # only when the minimum of 1 pushed the sum over
+        i = max(range(n), key=lambda j: (w[j], -j))
+        w[i] -= 1
+    return w
 
 
 def routing_csv(table: Sequence[dict[str, Any]], verdict: str) -> str:

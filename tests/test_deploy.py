@@ -336,3 +336,13 @@ def test_cli_deploy_end_to_end_and_errors(tmp_path, capsys, split_plan):
     assert "gpus[0].profile" in capsys.readouterr().err
     assert main(["deploy", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o3")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_integer_routing_weights_sum_to_the_scale():
+    from optim.deploy import WEIGHT_SCALE, integer_weights
+    for shares in ([1 / 3] * 3, [0.5, 0.5], [0.2, 0.3, 0.5], [1e-4, 1e-4, 1 - 2e-4], [1.0],
+                   [1 / 7] * 7):
+        w = integer_weights(shares)
+        assert sum(w) == WEIGHT_SCALE and min(w) >= 1
+        assert all(abs(x - WEIGHT_SCALE * s) < 1.0 + 1e-9 for x, s in zip(w, shares) if s > 0.01)
+    assert integer_weights([1 / 3] * 3) == [334, 333, 333]
