@@ -344,5 +344,6 @@ def test_integer_routing_weights_sum_to_the_scale():
                    [1 / 7] * 7):
         w = integer_weights(shares)
         assert sum(w) == WEIGHT_SCALE and min(w) >= 1
-        assert all(abs(x - WEIGHT_SCALE * s) < 1.0 + 1e-9 for x, s in zip(w, shares) if s > 0.01)
+        if min(shares) * WEIGHT_SCALE >= 1:      # no home raised to the minimum weight 1
+            assert all(abs(x - WEIGHT_SCALE * s) < 1.0 + 1e-9 for x, s in zip(w, shares))
     assert integer_weights([1 / 3] * 3) == [334, 333, 333]
