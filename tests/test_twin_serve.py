@@ -255,14 +255,30 @@ def test_load_and_unload_adapter(server, peft_dirs):
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
     status, body = _post(server.url + "/v1/load_lora_adapter",
                          {"lora_name": "late", "lora_path": peft_dirs[16]})
-    assert status == 400 and "already been loaded" in json.loads(body)["message"]
+    err = json.loads(body)
+    assert status == 400 and "already been loaded" in err["message"]
+    assert err["type"] == "InvalidUserInput" and err["code"] == 400 and err["object"] == "error"
+    # vLLM 0.8.5's answers (serving_models.py): empty fields are InvalidUserInput, a missing
+    # field fails request validation (BadRequestError), a path without an adapter is a 404
+    status, body = _post(server.url + "/v1/load_lora_adapter", {"lora_name": "", "lora_path": ""})
+    assert status == 400 and json.loads(body)["type"] == "InvalidUserInput"
+    status, body = _post(server.url + "/v1/load_lora_adapter", {"lora_name": "x"})
+    assert status == 400 and json.loads(body)["type"] == "BadRequestError"
+    assert "lora_path" in json.loads(body)["message"]
+    status, body = _post(server.url + "/v1/load_lora_adapter",
+                         {"lora_name": "x", "lora_path": peft_dirs[16] + "-missing"})
+    assert status == 404 and json.loads(body)["type"] == "NotFoundError"
+    assert "No adapter found" in json.loads(body)["message"]
+    status, body = _post(server.url + "/v1/unload_lora_adapter", {"lora_name": ""})
+    assert status == 400 and json.loads(body)["type"] == "InvalidUserInput"
     status, body = _post(server.url + "/v1/load_lora_adapter",
                          {"lora_name": "big", "lora_path": peft_dirs[32]})
     assert status == 400 and "max_lora_rank" in json.loads(body)["message"]
     assert _post(server.url + "/v1/unload_lora_adapter", {"lora_name": "late"})[0] == 200
     assert _post(server.url + "/v1/completions",
                  {"model": "late", "prompt": [1], "max_tokens": 1})[0] == 404
-    assert _post(server.url + "/v1/unload_lora_adapter", {"lora_name": "late"})[0] == 404
+    status, body = _post(server.url + "/v1/unload_lora_adapter", {"lora_name": "late"})
+    assert status == 404 and json.loads(body)["type"] == "NotFoundError"
 
 
 METRIC_NAMES = (
@@ -284,10 +300,17 @@ def test_metrics_have_vllm_names_and_the_profiles_kv_capacity(server):
     for line in text.splitlines():
         if line.startswith(("vllm:num_requests", "vllm:time_to_first")):
             assert 'model_name="base"' in line
-    m = re.search(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"[^}]*'
-                  r'num_gpu_blocks="(\d+)"', text, re.M)
-    assert int(m.group(1)) == PROFILE.block_size
-    assert int(m.group(2)) == PROFILE.kv_tokens(2, 16) // PROFILE.block_size
+    m = re.search(r'^vllm:cache_config_info\{([^}]*)\}', text, re.M)
+    labels = re.findall(r'(\w+)="([^"]*)"', m.group(1))
+    # vLLM 0.8.5's CacheConfig attributes (prometheus_client writes label names sorted)
+    assert [k for k, _ in labels] == sorted([
+        "block_size", "gpu_memory_utilization", "swap_space", "cache_dtype", "is_attention_free",
+        "num_gpu_blocks_override", "sliding_window", "enable_prefix_caching",
+        "prefix_caching_hash_algo", "cpu_offload_gb", "calculate_kv_scales", "num_gpu_blocks",
+        "num_cpu_blocks", "swap_space_bytes"])
+    labels = dict(labels)
+    assert int(labels["block_size"]) == PROFILE.block_size
+    assert int(labels["num_gpu_blocks"]) == PROFILE.kv_tokens(2, 16) // PROFILE.block_size
     assert re.search(r'^vllm:lora_requests_info\{max_lora="2",', text, re.M)
     gen = float(re.search(r"^vllm:generation_tokens_total\{.*\} (\S+)", text, re.M).group(1))
     assert gen >= 3
@@ -410,9 +433,19 @@ def test_cli_prints_the_address_and_stops_on_sigterm(peft_dirs):
          "4", "--lora-modules", f"x={peft_dirs[8]}", "--time-scale", "10"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # vLLM 0.8.5's start-up line with the KV capacity (its /metrics lacks it), then the URL
+        kv_line = proc.stdout.readline()
+        assert re.fullmatch(r"GPU KV cache size: [0-9,]+ tokens\n", kv_line), kv_line
         line = proc.stdout.readline()
         m = re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+)\n", line)
         assert m, line
+        from twin.harness.client import kv_cache_tokens, parse_prometheus
+        metrics = parse_prometheus(_get(m.group(1) + "/metrics")[1].decode())
+        from_metrics = kv_cache_tokens(metrics)
+        unknown = [(n, {**lab, "num_gpu_blocks": "None"} if n == "vllm:cache_config_info"
+                    else lab, v) for n, lab, v in metrics]   # as a real vLLM 0.8.5 reports
+        assert kv_cache_tokens(unknown) is None
+        assert kv_cache_tokens(unknown, kv_line) == from_metrics > 0
         status, body = _post(m.group(1) + "/v1/completions",
                              {"model": "x", "prompt": [1, 2], "max_tokens": 2,
                               "ignore_eos": True})

@@ -193,6 +193,23 @@ def metric_labels(samples, name: str) -> dict[str, str] | None:
     return None
 
 
+KV_LOG_LINE = re.compile(r"GPU KV cache size: ([0-9,]+) tokens")
+
+
+def kv_cache_tokens(samples, log_text: str | None = None) -> int | None:
+    """A server's KV capacity in tokens: ``num_gpu_blocks x block_size`` of
+    ``vllm:cache_config_info``; when ``num_gpu_blocks`` is not a number (vLLM 0.8.5's V1
+    engine reports ``"None"`` there: its stat loggers are built before the KV cache is sized),
+    the last ``GPU KV cache size: N tokens`` line of the server's log, if given; else None."""
+    cc = metric_labels(samples, "vllm:cache_config_info") or {}
+    try:
+        return int(float(cc["num_gpu_blocks"])) * int(float(cc["block_size"]))
+    except (KeyError, ValueError):
+        pass
+    hits = KV_LOG_LINE.findall(log_text or "")
+    return int(hits[-1].replace(",", "")) if hits else None
+
+
 async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url) as resp:
         if resp.status != 200:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -23,7 +24,7 @@ from twin.profile import load_profile
 from twin.server import ServerConfig, run_kernel
 from twin.workload import Requests
 
-from .client import (PlannedRequest, RequestResult, metric_labels, metric_value, replay,
+from .client import (PlannedRequest, RequestResult, kv_cache_tokens, metric_value, replay,
                      scrape_metrics, served_models)
 from .launch import ServerSpec
 from .measurement import ServingMetrics, relative_differences, serving_metrics
@@ -201,8 +202,10 @@ def _lag(url: str) -> float | None:
 
 
 def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 1.0,
-               server_kind: str = "endpoints", quiet: bool = True) -> VerifyResult:
-    """Replay the workload on ``urls`` (one per GPU, in plan order) and compare with the twin."""
+               server_kind: str = "endpoints", quiet: bool = True,
+               logs: Sequence[Path] | None = None) -> VerifyResult:
+    """Replay the workload on ``urls`` (one per GPU, in plan order) and compare with the twin.
+    ``logs``: the launched servers' log files (their KV capacity when ``/metrics`` lacks it)."""
     from twin.cli_support import progress
 
     if not (math.isfinite(time_scale) and time_scale > 0):
@@ -260,9 +263,7 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
         twin_hist += run.itl_hist
         try:
             samples = scrape_metrics(url)
-            cc = metric_labels(samples, "vllm:cache_config_info") or {}
-            kv = (int(float(cc["num_gpu_blocks"])) * int(float(cc["block_size"]))
-                  if "num_gpu_blocks" in cc and "block_size" in cc else None)
+            kv = kv_cache_tokens(samples, _read_log(logs[g.gpu] if logs else None))
             pre = metric_value(samples, "vllm:num_preemptions_total")
             lag = metric_value(samples, "twin:virtual_clock_lag_seconds")
             # the gauge is the largest lag since start: count it only if the run raised it
@@ -294,6 +295,13 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
     total_t = _with_starved(total_t, any(o.twin.starved for o in outcomes))
     return VerifyResult(workload, float(time_scale), server_kind, tuple(outcomes), total_m,
                         total_t)
+
+
+def _read_log(path: Path | None) -> str | None:
+    try:
+        return Path(path).read_text(errors="replace") if path else None
+    except OSError:
+        return None
 
 
 def _with_starved(m: ServingMetrics, starved: bool) -> ServingMetrics:

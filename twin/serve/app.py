@@ -32,6 +32,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -238,10 +239,18 @@ class TwinServer:
         try:
             body = await _json_body(request)
             name, path = body.get("lora_name"), body.get("lora_path")
-            if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
-                raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.")
+            _check_str_fields(body, ("lora_name", "lora_path"))
+            if not name or not path:
+                raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                               "InvalidUserInput")
+            if name in self.registry.by_name:
+                raise ApiError(400, f"The lora adapter '{name}' has already been loaded.",
+                               "InvalidUserInput")
             if not self.cfg.lora_enabled:
                 raise ApiError(400, "LoRA is not enabled: start twin serve with --enable-lora.")
+            if not Path(path).exists():   # vLLM: "No adapter found" -> 404 NotFoundError
+                raise ApiError(404, f"Loading lora {name} failed: No adapter found for {path}",
+                               "NotFoundError")
             try:
                 mod = self.registry.add(name, path)
             except AdapterError as e:
@@ -254,9 +263,11 @@ class TwinServer:
     async def unload_lora(self, request: web.Request) -> web.Response:
         try:
             body = await _json_body(request)
-            name = body.get("lora_name")
-            if not isinstance(name, str) or not name:
-                raise ApiError(400, "'lora_name' needs to be provided to unload a LoRA adapter.")
+            _check_str_fields(body, ("lora_name",))
+            name = body["lora_name"]
+            if not name and not body.get("lora_int_id"):
+                raise ApiError(400, "either 'lora_name' and 'lora_int_id' needs to be provided.",
+                               "InvalidUserInput")
             try:
                 mod = self.registry.remove(name)
             except KeyError:
@@ -468,11 +479,25 @@ def _chat_prompt_tokens(messages: Any) -> int:
     return total
 
 
+def _check_str_fields(body: dict, names: tuple[str, ...]) -> None:
+    """Required string fields of a LoRA request: vLLM validates the body with pydantic and
+    answers a missing or non-string field with a 400 BadRequestError naming it."""
+    for k in names:
+        if k not in body:
+            raise ApiError(400, f"{k}: Field required")
+        if not isinstance(body[k], str):
+            raise ApiError(400, f"{k}: Input should be a valid string")
+
+
 async def serve_forever(cfg: ServeConfig, stop: asyncio.Event) -> None:
     """Run the server until ``stop`` is set; print ``listening on http://HOST:PORT`` when ready."""
     server = TwinServer(cfg)
     host, port = await server.start()
     shown = f"[{host}]" if ":" in host else host
+    # vLLM 0.8.5 logs its KV capacity so at start-up (its /metrics cache_config_info does not
+    # have it, see twin.serve.metrics); printed for readers that parse it
+    kv = server.settings.kv_blocks * server.settings.block_size
+    print(f"GPU KV cache size: {kv:,} tokens", flush=True)
     print(f"listening on http://{shown}:{port}", flush=True)
     try:
         await stop.wait()

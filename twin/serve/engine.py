@@ -252,8 +252,24 @@ class EngineCore:
     def running_adapters(self) -> list[int]:
         return [r.adapter for r in self.sched.running]
 
+    def _pending_due(self) -> list[EngineRequest]:
+        """Received requests stamped at or before the clock (the next step queues them).
+        Requests stamped later are not counted as waiting yet: they are in the engine's future
+        when it lags behind the scaled wall clock, and its scheduler has not seen them."""
+        out = []
+        for r in self.pending:          # non-decreasing arrivals
+            if r.arrival > self.clock:
+                break
+            out.append(r)
+        return out
+
+    def n_waiting(self) -> int:
+        """Waiting requests as of the engine's clock (vLLM's num_requests_waiting): the
+        scheduler's queue plus :meth:`_pending_due`."""
+        return len(self.sched.waiting) + len(self._pending_due())
+
     def waiting_adapters(self) -> list[int]:
-        return [r.adapter for r in self.sched.waiting] + [r.adapter for r in self.pending]
+        return [r.adapter for r in self.sched.waiting] + [r.adapter for r in self._pending_due()]
 
 
 def replay(settings: EngineSettings, arrival: Sequence[float], adapter: Sequence[int],

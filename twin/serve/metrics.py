@@ -1,17 +1,33 @@
 """``/metrics`` of ``twin serve``: Prometheus text with vLLM's V1 metric names.
 
-Names, label names and histogram buckets follow ``vllm/v1/metrics/loggers.py``
-(``PrometheusStatLogger`` of the 0.8 line): every series carries ``model_name`` (the served model
-name) and ``engine`` ("0"). All times are *twin* seconds (what the GPU would show), whatever
-``--time-scale`` is. Counters and histograms are updated once per engine step from its
-:class:`~twin.serve.engine.StepRecord`; gauges are read from the engine when scraped. The
-histograms are kept as plain bucket counts (cheaper per token than prometheus_client's objects)
-and exported through a custom collector.
+Names, label names, label order and histogram buckets follow ``vllm/v1/metrics/loggers.py``
+(``PrometheusStatLogger``) of vLLM 0.8.5, checked against the release's source distribution
+(``vllm-0.8.5.tar.gz`` from PyPI; the GitHub snapshot was too large to fetch here): every
+series carries ``model_name`` (the served model name) and ``engine`` ("0"); counters are
+exposed with vLLM's ``_total`` names; ``vllm:lora_requests_info`` has the labels ``max_lora``,
+``waiting_lora_adapters``, ``running_lora_adapters`` (comma-separated adapter names, each once,
+in first-seen order) and the time it was set as its value; ``vllm:cache_config_info`` has the
+fields of 0.8.5's ``CacheConfig`` as labels (vLLM and this module both expose through
+prometheus_client, which writes label names sorted). All times are *twin* seconds (what the
+GPU would show), whatever ``--time-scale`` is. Counters and histograms are updated once per
+engine step from its :class:`~twin.serve.engine.StepRecord`; gauges are read from the engine
+when scraped. The histograms are kept as plain bucket counts (cheaper per token than
+prometheus_client's objects) and exported through a custom collector. Not exported: vLLM's
+per-request histograms other than TTFT, TPOT and end-to-end latency (queue, prefill, decode,
+inference time, token counts, ``iteration_tokens_total``), the prefix-cache counters and
+``_created`` samples.
 
 Differences from vLLM, by design: ``vllm:lora_requests_info`` is exported as one series, the
 current state (vLLM keeps every label combination it has ever set, each stamped with the time it
 was last set; a reader takes the newest, which is this one). ``vllm:num_requests_waiting``
-includes requests received since the engine's last step boundary.
+includes requests received since the engine's last step boundary, as of the engine's clock: when
+the engine lags behind the scaled wall clock, requests stamped after its clock are not counted
+until it reaches them (its scheduler has not seen them yet). ``vllm:cache_config_info`` reports
+``num_gpu_blocks``: vLLM 0.8.5's V1 engine builds its stat loggers before the engine core has
+sized the KV cache, so a real 0.8.5 server reports ``num_gpu_blocks="None"`` there (later
+versions fill it in); its KV capacity is in the start-up log line ``GPU KV cache size: N
+tokens``, which ``twin serve`` prints too and :func:`twin.harness.client.kv_cache_tokens` falls
+back to.
 """
 
 from __future__ import annotations
@@ -106,7 +122,7 @@ class ServeMetrics:
         yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                      lab, val, len(core.sched.running))
         yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                     lab, val, len(core.sched.waiting) + len(core.pending))
+                     lab, val, core.n_waiting())
         yield _gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
                      lab, val, kv.used_blocks / kv.total_blocks)
         for name, doc, v in (
@@ -158,14 +174,16 @@ def _gauge(name: str, doc: str, labels: list[str], values: list[str], v: float):
 
 
 def cache_config_info(block_size: int, num_gpu_blocks: int) -> dict[str, str]:
-    """The labels of ``vllm:cache_config_info`` (vLLM's ``CacheConfig.metrics_info()``: every
-    field as a string). ``num_gpu_blocks`` is the profile's KV capacity / block size; prefix
-    caching is reported off because the twin does not model it."""
+    """The labels of ``vllm:cache_config_info``: vLLM 0.8.5's ``CacheConfig.metrics_info()``
+    (every attribute as a string, ``swap_space_bytes`` included; the exposition sorts them) at the
+    defaults of ``vllm serve``. ``num_gpu_blocks`` is the profile's KV capacity / block size
+    (see the module docstring); prefix caching is reported off because the twin does not model
+    it."""
     return {
-        "block_size": str(block_size), "cache_dtype": "auto", "calculate_kv_scales": "False",
-        "cpu_offload_gb": "0", "enable_prefix_caching": "False",
-        "gpu_memory_utilization": "0.9", "is_attention_free": "False",
-        "num_cpu_blocks": "None", "num_gpu_blocks": str(num_gpu_blocks),
-        "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "builtin",
-        "sliding_window": "None", "swap_space_bytes": str(4 * 2**30),
+        "block_size": str(block_size), "gpu_memory_utilization": "0.9", "swap_space": "4",
+        "cache_dtype": "auto", "is_attention_free": "False", "num_gpu_blocks_override": "None",
+        "sliding_window": "None", "enable_prefix_caching": "False",
+        "prefix_caching_hash_algo": "builtin", "cpu_offload_gb": "0",
+        "calculate_kv_scales": "False", "num_gpu_blocks": str(num_gpu_blocks),
+        "num_cpu_blocks": "None", "swap_space_bytes": str(4 * 2**30),
     }
