@@ -9,8 +9,9 @@
    greedy opens ``--gpus`` GPUs.
 2. Plan: the ``greedy`` method without twin verification (fast surrogate, as ``python -m optim
    solve --no-verify``). Greedy's GPU count is a step function of the total rate, so the total is
-   rescaled by target / GPUs and the plan redone (at most 8 rounds, deterministic); the time of
-   the final plan (``plan_s``) and of all rounds (``calibration_s``) are reported separately.
+   rescaled by target / GPUs, then bisected, and the plan redone (at most 10 rounds,
+   deterministic); the time of the final plan (``plan_s``) and of all rounds
+   (``calibration_s``) are reported separately.
 3. Verify: ``optim.verify.verify`` on the whole plan (every GPU replayed for ``--duration``
    simulated seconds with seed ``seed + g``) on ``--backend`` (local processes, or Ray tasks on a
    local Ray instance or the cluster at ``--address``); ``verify_s`` is wall time end to end,
@@ -50,8 +51,8 @@ from twin.workload import Adapter, generate_requests, offered_token_rate
 PROFILE = "llama-3.1-8b-instruct"
 RANKS, RANK_P = (8, 16, 32), (0.5, 0.3, 0.2)
 ADAPTER_CAP = 0.5               # no adapter offers more than half a GPU's nominal load
-FIRST_GUESS_TPS = 14_000.0      # offered tok/s greedy packs per GPU (first calibration round)
-MAX_ROUNDS = 8
+FIRST_GUESS_TPS = 15_500.0      # requested tok/s per GPU of the first round (capping cuts ~7 %)
+MAX_ROUNDS = 10
 
 
 def make_instance(n_adapters: int, total_rate: float, seed: int, duration_s: float,
@@ -75,10 +76,13 @@ def make_instance(n_adapters: int, total_rate: float, seed: int, duration_s: flo
 
 def plan_fleet(n_gpus: int, n_adapters: int, seed: int, duration_s: float, log=print
                ) -> tuple[Instance, Placement, float, float, int]:
-    """Greedy (no twin) plans, rescaling the total rate until greedy opens ``n_gpus`` GPUs.
+    """Greedy (no twin) plans, rescaling the requested total rate until greedy opens ``n_gpus``
+    GPUs: proportional steps until the target is bracketed, then bisection (greedy's GPU count
+    is a step function of the rate, so the closest plan is kept when no round hits it).
     Returns the instance, the plan, the final plan's wall s, all rounds' wall s, rounds."""
     mean_tok = MEAN_LENGTHS["mean_input"] + MEAN_LENGTHS["mean_output"]
     total = n_gpus * FIRST_GUESS_TPS / mean_tok
+    lo = hi = None                       # requested totals that gave too few / too many GPUs
     tried: dict[int, tuple] = {}
     t_all = time.perf_counter()
     for rnd in range(1, MAX_ROUNDS + 1):
@@ -89,12 +93,16 @@ def plan_fleet(n_gpus: int, n_adapters: int, seed: int, duration_s: float, log=p
         if p.status != "solved" or not p.gpus:
             raise SystemExit(f"error: greedy returned status {p.status} for {n_adapters} "
                              f"adapters at {total:.1f} req/s")
-        log(f"plan round {rnd}: total_rate={total:.2f} req/s gpus={p.n_gpus} "
+        log(f"plan round {rnd}: requested_rate={total:.2f} req/s gpus={p.n_gpus} "
             f"plan_s={plan_s:.2f}")
-        tried[p.n_gpus] = (inst, p, plan_s)
+        tried.setdefault(p.n_gpus, (inst, p, plan_s))
         if p.n_gpus == n_gpus:
             break
-        total *= n_gpus / p.n_gpus
+        if p.n_gpus < n_gpus:
+            lo = total if lo is None else max(lo, total)
+        else:
+            hi = total if hi is None else min(hi, total)
+        total = (lo + hi) / 2 if lo is not None and hi is not None else total * n_gpus / p.n_gpus
     best = min(tried, key=lambda g: (abs(g - n_gpus), g))
     inst, p, plan_s = tried[best]
     return inst, p, plan_s, time.perf_counter() - t_all, rnd
@@ -110,7 +118,7 @@ def time_sample(p: Placement, inst: Instance, duration_s: float, k: int) -> list
         prof = load_profile(gpu.profile)
         adapters = [replace(a, rate=a.rate * s) for a, s in gpu.adapters]
         cfg = gpu.server_config(inst.starvation_threshold)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         req = generate_requests(adapters, duration_s, inst.lengths, seed=inst.seed + g)
         t1 = time.perf_counter()
         m = simulate_requests(prof, adapters, req, cfg, duration_s,
@@ -118,9 +126,15 @@ def time_sample(p: Placement, inst: Instance, duration_s: float, k: int) -> list
         t2 = time.perf_counter()
         rows.append({"gpu": g, "requests": len(req), "workload_s": t1 - t0,
                      "kernel_s": m.wall_s, "metrics_s": (t2 - t1) - m.wall_s,
+                     "cpu_s": time.process_time() - c0,
                      "throughput_tps": m.throughput_tps,
                      "verified_tps": gpu.verified.throughput_tps if gpu.verified else None})
     return rows
+
+
+def _cpu_s(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 def pool_startup_s(backend: str, address: str | None, workers: int) -> float:
@@ -174,10 +188,13 @@ def main(argv=None) -> int:
           f"calibration_s={calib_s:.1f} rounds={rounds}")
 
     try:
+        cpu0 = _cpu_s(resource.RUSAGE_CHILDREN), _cpu_s(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         v = verify(p, inst, duration_s=a.duration, workers=a.workers, backend=a.backend,
                    address=a.address)
         verify_s = time.perf_counter() - t0
+        child_cpu = _cpu_s(resource.RUSAGE_CHILDREN) - cpu0[0]
+        self_cpu = _cpu_s(resource.RUSAGE_SELF) - cpu0[1]
     except FleetBackendError as e:
         raise SystemExit(f"error: --{e.field}: {e.reason}") from None
     bad = sum(1 for g in v.gpus if not g.verified.ok)
@@ -188,11 +205,16 @@ def main(argv=None) -> int:
           f"twin_rejected_gpus={bad} twin_throughput={twin_tps / 1e6:.2f} M tok/s")
     print(f"load average after verify: "
           f"{' '.join(f'{x:.2f}' for x in out['load_avg_after_verify'])}")
+    out.update(driver_cpu_s=self_cpu, worker_cpu_s=child_cpu if a.backend == "local" else None)
+    if a.backend == "local" and workers > 1:   # pool workers are children, reaped at shutdown
+        print(f"cpu: workers {child_cpu:.1f} s, driver {self_cpu:.1f} s; on {workers} otherwise "
+              f"idle cores the replay needs about {child_cpu / workers:.1f} s of wall time "
+              f"(workers' CPU / cores; other processes' load only stretches the wall time)")
 
     rows = time_sample(v, inst, a.duration, a.sample)
     if rows:
         mean = {k: float(np.mean([r[k] for r in rows]))
-                for k in ("workload_s", "kernel_s", "metrics_s", "requests")}
+                for k in ("workload_s", "kernel_s", "metrics_s", "requests", "cpu_s")}
         per_gpu = mean["workload_s"] + mean["kernel_s"] + mean["metrics_s"]
         busy = per_gpu * v.n_gpus / workers
         mismatch = sum(1 for r in rows if r["verified_tps"] is not None
@@ -201,7 +223,8 @@ def main(argv=None) -> int:
         print(f"time per GPU ({len(rows)} GPUs rerun in-process, {mean['requests']:.0f} "
               f"requests each on average): workload={mean['workload_s']:.3f} s "
               f"kernel={mean['kernel_s']:.3f} s metrics={mean['metrics_s']:.3f} s "
-              f"total={per_gpu:.3f} s kernel_share={mean['kernel_s'] / per_gpu:.1%}")
+              f"total={per_gpu:.3f} s (cpu {mean['cpu_s']:.3f} s) "
+              f"kernel_share={mean['kernel_s'] / per_gpu:.1%}")
         print(f"split of verify_s (estimated from the sample): GPU work {busy:.1f} s "
               f"({busy / verify_s:.1%}; kernel {busy * mean['kernel_s'] / per_gpu:.1f} s), "
               f"other {verify_s - busy:.1f} s (a fresh pool's start-up alone: {start:.1f} s; "

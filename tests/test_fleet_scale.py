@@ -124,6 +124,12 @@ def ray_cluster():
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install ray)")
     from ray.cluster_utils import Cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:   # Cluster writes /tmp/ray/ray_current_cluster, which a plain ray.init() elsewhere on
+        # this machine would join; the tests pass the address explicitly, so withdraw it
+        from ray._common.utils import reset_ray_address
+        reset_ray_address()
+    except ImportError:
+        pass
     try:
         yield cluster.address
     finally:
