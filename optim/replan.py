@@ -37,6 +37,13 @@ Churn (``Churn``): *loads* = (adapter, GPU) homes that the previous GPU at that 
 hold, *moves* = those loads of adapters that existed before (a relocation; a new adapter's
 first load is not a move), *unloads* = homes given up, GPUs added / removed, and *restarts* =
 kept GPUs whose Amax or max rank changed.
+
+**Transition** (``ReplanOptions.transition``, on by default): the chosen plan's switch-over is
+replayed in the routed fleet twin (``replay_transition``): the previous plan serves the new
+rates for ``TRANSITION_WARMUP_S``, then the new routing takes over; moved adapters pay the
+measured load time on their new GPU, old homes drain their in-flight requests, restarted
+servers start after draining. The report (late and unfinished requests, TTFT, throughput,
+drain and restart times, ``starved``) is stored in the plan's ``params.replan.transition``.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class ReplanOptions:
     workers: int | None = None
     max_rounds: int = 8
     max_drain_attempts: int = 4
+    transition: bool = True      # replay the switch-over in the routed fleet twin
 
     def __post_init__(self) -> None:
         if not (self.churn_weight >= 0 and np.isfinite(self.churn_weight)):
@@ -319,6 +327,159 @@ def _insert(inst: Instance, gpus: list[GpuPlan], adapters: Sequence[Adapter], he
     return gpus, left
 
 
+# ----------------------------------------------------------------------------- transition
+TRANSITION_WARMUP_S = 120.0      # the previous plan serves the new rates this long first
+TRANSITION_AFTER_S = 300.0       # then the switch-over window replayed
+LATE_WAIT_S = 30.0               # a request this long without its first token is late
+
+
+@dataclass(frozen=True)
+class TransitionReport:
+    """The switch-over from the previous plan to the new one, replayed in the routed fleet
+    twin (:func:`replay_transition`). Counts are over requests arriving after the switch:
+    ``late`` waited more than ``LATE_WAIT_S`` for their first token (or still wait that long at
+    the end); ``unfinished`` were not done by the end (arrived > 60 s before it);
+    ``throughput_over_offered``: tokens completed after the switch / tokens arriving after it.
+    ``new_homes``: (adapter, GPU) pairs loaded at the switch; ``restarts``: servers restarted
+    with a new configuration (they start after draining); ``max_drain_s``: the longest an old
+    home kept serving an adapter that left it (inf: not drained by the end);
+    ``max_restart_wait_s``: the longest a restarted server took from the switch to its first
+    token. ``starved``: any late request, or throughput below the instance's
+    starvation threshold x offered."""
+
+    switch_s: float
+    duration_s: float
+    requests: int
+    late: int
+    unfinished: int
+    p99_ttft_s: float
+    p99_ttft_s_before: float
+    throughput_over_offered: float
+    new_homes: int
+    restarts: int
+    max_drain_s: float
+    max_restart_wait_s: float
+    starved: bool
+
+    def to_dict(self) -> dict:
+        return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else
+                    int(v) if isinstance(v, (int, np.integer)) else float(v))
+                for k, v in vars(self).items()}
+
+
+def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[int | None],
+                      inst: Instance, warmup_s: float = TRANSITION_WARMUP_S,
+                      after_s: float = TRANSITION_AFTER_S) -> TransitionReport:
+    """Replay the switch from ``prev`` to ``new`` (new GPU ``j`` in the place of previous GPU
+    ``origin[j]``) in the routed fleet twin (``twin.routing.PlanSwitch``): for ``warmup_s`` the
+    previous plan serves the rates it was made for (its adapters' rates: a steady state), then
+    the rates become ``inst``'s and the new plan's routing takes over for ``after_s`` — the
+    re-plan taking effect at the window boundary. Adapters on a GPU that did not hold them pay
+    the measured load time there; old homes drain what they hold; a kept GPU whose Amax or max
+    rank changed restarts (its old server drains, then the new one starts cold) and an added GPU
+    starts cold. Requests are routed by the plans' weights (the ``static`` router); new adapters
+    have requests from the switch on, retired ones until it. Seeded by the instance's seed."""
+    from twin.profile import load_profile
+    from twin.routing import PlanSwitch, RoutedGpu, RoutingPlan, make_router, simulate_routed
+    from twin.workload import Requests, generate_requests
+
+    if not (warmup_s > 0 and after_s > 0 and np.isfinite(warmup_s + after_s)):
+        raise ValueError(f"transition window: warmup_s and after_s must be finite numbers > 0, "
+                         f"got {warmup_s!r}, {after_s!r}")
+    if len(origin) != len(new):
+        raise ValueError(f"origin: {len(origin)} entries for {len(new)} new GPUs")
+    profiles: dict[str, object] = {}
+
+    def routed(g: GpuPlan) -> RoutedGpu:
+        if g.profile not in profiles:
+            profiles[g.profile] = load_profile(g.profile)
+        return RoutedGpu(profiles[g.profile], g.max_loras, g.max_lora_rank)
+
+    gpus = [routed(g) for g in prev.gpus]
+    place: list[int] = []                   # union index of each new GPU
+    starts_after = [-1] * len(gpus)
+    for g, o in zip(new, origin):
+        p = prev.gpus[o] if o is not None else None
+        if p is not None and (p.max_loras, p.max_lora_rank) == (g.max_loras, g.max_lora_rank):
+            place.append(o)
+            continue
+        gpus.append(routed(g))
+        starts_after.append(o if o is not None else -1)
+        place.append(len(gpus) - 1)
+    # adapters: the instance's, then those retired since the previous plan
+    old_rate = {a.id: a for g in prev.gpus for a, _ in g.adapters}
+    adapters = list(inst.adapters) + [a for i, a in old_rate.items()
+                                      if i not in {b.id for b in inst.adapters}]
+    pos = {a.id: i for i, a in enumerate(adapters)}
+
+    def homes_of(plans: Sequence[GpuPlan], where: Sequence[int]):
+        homes: list[list[int]] = [[] for _ in adapters]
+        shares: list[list[float]] = [[] for _ in adapters]
+        for g, u in zip(plans, where):
+            for a, share in g.adapters:
+                homes[pos[a.id]].append(u)
+                shares[pos[a.id]].append(float(share))
+        weights = [tuple(x / sum(w) for x in w) for w in shares]
+        return tuple(map(tuple, homes)), tuple(weights)
+
+    before_h, before_w = homes_of(prev.gpus, range(prev.n_gpus))
+    if any(a.id not in pos for g in new for a, _ in g.adapters):
+        raise ValueError("new plan: serves an adapter that is not in the instance")
+    after_h, after_w = homes_of(new, place)
+    if any(not h for h in after_h[:len(inst.adapters)]):
+        raise ValueError("new plan: some adapter of the instance has no home")
+    plan = RoutingPlan(tuple(gpus), before_h, before_w)
+    switch = PlanSwitch(float(warmup_s), after_h, after_w, tuple(starts_after))
+    dur = float(warmup_s + after_s)
+    # before the switch: the previous plan's rates; after it: the instance's
+    idx_b = np.array([i for i, a in enumerate(adapters) if a.id in old_rate], np.int64)
+    rb = generate_requests([old_rate[adapters[i].id] for i in idx_b], float(warmup_s),
+                           inst.lengths, seed=np.random.default_rng([inst.seed, 0]))
+    ra = generate_requests(inst.adapters, float(after_s), inst.lengths,
+                           seed=np.random.default_rng([inst.seed, 1]))
+    req = Requests(np.concatenate([rb.arrival_s, ra.arrival_s + warmup_s]),
+                   np.concatenate([idx_b[rb.adapter], ra.adapter]),
+                   np.concatenate([rb.input_len, ra.input_len]),
+                   np.concatenate([rb.output_len, ra.output_len]))
+    res = simulate_routed(plan, adapters, req, make_router("static", inst.seed), dur,
+                          switch=switch)
+
+    arr = req.arrival_s
+    after = arr >= warmup_s
+    first = np.where(res.first_t >= 0, res.first_t, np.inf)
+    done = (res.finish_t >= 0) & (res.finish_t <= dur)
+    wait = np.minimum(first, dur) - arr
+    late = int((after & (wait > LATE_WAIT_S)).sum())
+    unfinished = int((after & ~done & (arr < dur - 60.0)).sum())
+    ttft = first - arr
+
+    def p99(m: np.ndarray) -> float:
+        m = m & done
+        return float(np.quantile(ttft[m], 0.99)) if m.any() else float("nan")
+
+    tokens = (req.input_len.astype(np.int64) + req.output_len)
+    fin_after = done & (res.finish_t >= warmup_s)
+    ratio = float(tokens[fin_after].sum() / max(tokens[after].sum(), 1))
+    new_homes = sum(len(set(a) - set(b)) for a, b in zip(after_h, before_h))
+    drain = 0.0
+    for i, (hb, ha) in enumerate(zip(before_h, after_h)):
+        for g in set(hb) - set(ha):
+            m = (req.adapter == i) & (res.gpu == g)
+            if m.any():
+                end = np.where(done[m], res.finish_t[m], np.inf).max()
+                drain = max(drain, float(end) - warmup_s)
+    restart_wait = 0.0
+    for g, o in enumerate(starts_after):
+        if o >= 0:
+            m = res.gpu == g
+            if m.any():
+                restart_wait = max(restart_wait, float(first[m].min() - warmup_s))
+    starved = late > 0 or ratio < inst.starvation_threshold
+    return TransitionReport(float(warmup_s), dur, int(after.sum()), late, unfinished, p99(after),
+                            p99(~after), ratio, int(new_homes), sum(o >= 0 for o in starts_after),
+                            max(drain, 0.0), max(restart_wait, 0.0), bool(starved))
+
+
 # ----------------------------------------------------------------------------- main
 def _incremental(prev: Placement, inst: Instance, opts: ReplanOptions, dur: float
                  ) -> ReplanResult:
@@ -430,13 +591,15 @@ def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(
                                   "resolve", ("fresh solve, GPUs relabelled onto the previous "
                                               "ones for the most shared adapters",)))
     best = choose(cands, opts)
+    trans = (replay_transition(prev, best.placement.gpus, best.origin, inst).to_dict()
+             if opts.transition else None)
     wall = time.perf_counter() - t0
     p = best.placement.with_(
         method="replan", wall_time_s=wall,
         params={**best.placement.params, "replan": {
             "candidate": best.candidate, "churn": best.churn.to_dict(),
             "origin": list(best.origin), "churn_weight": opts.churn_weight,
-            "max_moves": opts.max_moves, "previous": prev.instance,
+            "max_moves": opts.max_moves, "previous": prev.instance, "transition": trans,
             "candidates": {c.candidate: {"gpus": c.placement.n_gpus, "moves": c.churn.moves,
                                          "verdict": c.placement.verdict} for c in cands}}})
     return replace(best, placement=p)
@@ -458,4 +621,4 @@ def choose(cands: Sequence[ReplanResult], opts: ReplanOptions) -> ReplanResult:
 
 
 __all__ = ["ReplanOptions", "ReplanResult", "Churn", "churn_between", "relabel", "carry_over",
-           "replan", "choose", "DEFAULT_CHURN_WEIGHT"]
+           "replan", "choose", "DEFAULT_CHURN_WEIGHT", "TransitionReport", "replay_transition"]

@@ -12,7 +12,7 @@ from optim.cli import main
 from optim.instance import instance_from_dict
 from optim.placement import Placement, plan_gpu
 from optim.replan import (ReplanOptions, carry_over, choose, churn_between, relabel, replan,
-                          ReplanResult, Churn)
+                          replay_transition, ReplanResult, Churn)
 from optim.verify import verify
 from twin.workload import Adapter
 
@@ -106,6 +106,8 @@ def test_retired_and_new_adapters(base):
     r = replan(p, new, ReplanOptions(duration_s=DUR, workers=1, max_moves=0))
     assert r.placement.verdict == "accepted"
     assert r.churn.moves == 0 and r.churn.loads == 1 and r.churn.unloads == 1
+    trans = r.placement.params["replan"]["transition"]   # a0 served until the switch, n1 after
+    assert trans["new_homes"] == 1 and not trans["starved"]
 
 
 def test_relabel_maximises_overlap_against_brute_force():
@@ -162,6 +164,9 @@ def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
     assert rc == 0 and "churn: moves=0 loads=0" in text and "verdict=accepted" in text
     rec = json.loads(out.read_text())
     assert rec["method"] == "replan" and rec["params"]["replan"]["churn"]["moves"] == 0
+    trans = rec["params"]["replan"]["transition"]       # the switch-over was replayed
+    assert trans["new_homes"] == 0 and trans["late"] == 0 and not trans["starved"]
+    assert trans["requests"] > 1000
     assert main(["replan", str(ip), "--previous", str(prev), "--json", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -170,3 +175,31 @@ def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
     assert "not allowed with" in capsys.readouterr().err
     assert main(["replan", str(ip), "--previous", str(tmp_path / "nope.json")]) == 2
     assert "--previous" in capsys.readouterr().err
+
+
+def test_transition_replay_pays_loads_drains_and_restarts(base):
+    inst, p = base
+    same = replay_transition(p, p.gpus, (0, 1, 2), inst)
+    assert same.new_homes == 0 and same.restarts == 0 and same.max_drain_s == 0.0
+    assert same.late == 0 and same.unfinished == 0 and not same.starved
+    assert same.throughput_over_offered > 0.95 and same.requests > 3000
+    # two adapters of GPU 0 move to GPU 1, whose 4 slots then serve 6 adapters: the old home
+    # drains, the new one loads them, and the twin shows the transition starving
+    g = list(p.gpus)
+    a0 = list(g[0].adapters)
+    g[0] = plan_gpu("h100", LLAMA, 4, a0[:2], inst.mean_tokens)
+    g[1] = plan_gpu("h100", LLAMA, 4, list(g[1].adapters) + a0[2:], inst.mean_tokens)
+    moved = replay_transition(p, g, (0, 1, 2), inst)
+    assert moved.new_homes == 2 and moved.restarts == 0
+    assert moved.max_drain_s > 0.0 and moved.late > 0 and moved.starved
+    # GPU 2 restarts with Amax 8: its old server drains, the new one starts cold after it
+    g = list(p.gpus)
+    g[2] = plan_gpu("h100", LLAMA, 8, list(g[2].adapters), inst.mean_tokens)
+    rs = replay_transition(p, g, (0, 1, 2), inst)
+    assert rs.restarts == 1 and rs.new_homes == 4 and rs.max_restart_wait_s > 0.0
+    assert rs.max_restart_wait_s >= rs.max_drain_s - 1.0 and not rs.starved
+    assert rs.p99_ttft_s > same.p99_ttft_s          # the restart costs its requests
+    with pytest.raises(ValueError, match="origin"):
+        replay_transition(p, p.gpus, (0, 1), inst)
+    with pytest.raises(ValueError, match="warmup_s"):
+        replay_transition(p, p.gpus, (0, 1, 2), inst, warmup_s=0.0)

@@ -316,6 +316,11 @@ def test_a_plan_switch_to_the_same_plan_changes_nothing_and_a_restart_waits_for_
     with pytest.raises(ValueError, match="starts_after"):
         simulate_routed(before, adapters, req, make_router("static", 2), 90.0,
                         switch=PlanSwitch(30.0, homes, plan.weights, (-1, -1, 3, 2)))
+    gone = tuple(() if i == 0 else hs for i, hs in enumerate(homes))
+    gone_w = tuple(() if i == 0 else ws for i, ws in enumerate(plan.weights))
+    with pytest.raises(ValueError, match="no home after the plan switch"):
+        simulate_routed(before, adapters, req, make_router("static", 2), 90.0,
+                        switch=PlanSwitch(30.0, gone, gone_w, (-1, -1, -1, 2)))
     with pytest.raises(ValueError, match="at_s"):
         simulate_routed(before, adapters, req, make_router("static", 2), 90.0,
                         switch=PlanSwitch(-1.0, homes, plan.weights, (-1, -1, -1, 2)))

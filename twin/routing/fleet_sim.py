@@ -115,11 +115,11 @@ class PlanSwitch:
     starts_after: tuple[int, ...]
 
     def check(self, plan: RoutingPlan, adapters: Sequence[Adapter]) -> None:
-        """The new routing is a valid plan on the same GPUs; every restart names another GPU
-        that is nobody's home after the switch."""
+        """The new routing is a valid plan on the same GPUs (adapters retired at the switch have
+        no homes); every restart names another GPU that is nobody's home after the switch."""
         if not (math.isfinite(self.at_s) and self.at_s >= 0):
             raise ValueError(f"plan switch at_s: must be a finite number >= 0, got {self.at_s!r}")
-        RoutingPlan(plan.gpus, self.homes, self.weights).check(adapters)
+        RoutingPlan(plan.gpus, self.homes, self.weights).check(adapters, allow_homeless=True)
         if len(self.starts_after) != len(plan.gpus):
             raise ValueError(f"plan switch starts_after: {len(self.starts_after)} entries for "
                              f"{len(plan.gpus)} GPUs")
@@ -217,6 +217,9 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
         if any(not plan.homes[a] for a in np.unique(requests.adapter[early])):
             raise ValueError("requests: an adapter without a home before the plan switch has "
                              "requests before it")
+        if any(not switch.homes[a] for a in np.unique(requests.adapter[~early])):
+            raise ValueError("requests: an adapter with no home after the plan switch has "
+                             "requests after it")
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s: must be a finite number > 0, got {duration_s!r}")
     if len(requests) and int(requests.adapter.max()) >= len(adapters):
