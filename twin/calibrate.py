@@ -42,6 +42,15 @@ and the few runs that vary rank at equal slots (motivation figure, 13 ok runs) d
 size and have no step logs. The multiplier is
 relative to a profile's own LoRA cost, so it is shared by every profile (the Qwen rows are
 rank 8 only, like Llama's); without the max-search file c10 stays 0 and the report says so.
+Data from ``python -m twin.harness profile`` has LoRA prefill windows at ``max_lora_rank`` 8, 16
+and 32 instead: when the windows hold more than one rank, stage 2 fits c10 with the other terms
+(a bounded 1-D search over c10, NNLS at each value) and stage 3 is not used. Its windows also
+carry ``waiting_mean`` (the waiting gauge averaged over the window), used for the scanned queue
+in place of ``waiting_end``, and ``ctx_tokens_mean``, the steps' mean context known from the
+run's design (whole lockstep periods: n x ((out - 1) in + (out - 1)(out - 2) / 2) / out where
+the formula above gives n x (in + out / 2); saturated prompt-only steps: mostly the contexts of
+the requests decoding their second token, which in / 2 leaves out), used in place of those
+estimates. None of these occurs in the shared data, whose fit is unchanged.
 """
 
 from __future__ import annotations
@@ -80,6 +89,7 @@ RANK_RUN_COLUMNS = ("status", "model", "max_loras", "served_adapters", "max_lora
                     "pool_mean_input_len", "pool_mean_output_len", "mean_running",
                     "mean_waiting", "mean_itl_ms")
 SCHED_SOURCE_WEIGHT = 0.5             # relative weight of a shared scheduler-run row vs a window
+RANK_SCALE_MAX = 1.0                  # search bound of c10 when windows at several ranks fit it
 
 
 # ---------------------------------------------------------------------------- data assembly
@@ -128,9 +138,15 @@ def step_rows(data_dir: Path, model: str) -> pd.DataFrame:
         A = 0.0 if pd.isna(x.max_loras) else float(x.max_loras)
         R = 0.0 if pd.isna(x.max_lora_rank) else float(x.max_lora_rank)
         K = 0.0 if pd.isna(x.unique_adapters_mean) else float(x.unique_adapters_mean)
-        W = float(x.waiting_end) if A > 0 and K >= FULL_BATCH_FRAC * A else 0.0
+        # twin.harness windows also log the waiting gauge averaged over the window
+        wq = getattr(x, "waiting_mean", np.nan)
+        wq = float(x.waiting_end) if pd.isna(wq) else float(wq)
+        W = wq if A > 0 and K >= FULL_BATCH_FRAC * A else 0.0
+        # twin.harness windows state their steps' exact mean context (ctx_tokens_mean)
+        C = getattr(x, "ctx_tokens_mean", np.nan)
         if x.study in ("prefill_baseline", "lora_prefill"):   # lora_prefill: twin.harness
-            rows.append(_row(x.study, 2048.0 / inl + 1.0, 2048.0, 0.0, inl / 2.0,
+            rows.append(_row(x.study, 2048.0 / inl + 1.0, 2048.0, 0.0,
+                             inl / 2.0 if pd.isna(C) else float(C),
                              K, A, R, W, x.step_interval_mean_ms, x.scheduler_time_mean_ms))
             continue
         n = float(x.running_start)
@@ -146,7 +162,8 @@ def step_rows(data_dir: Path, model: str) -> pd.DataFrame:
             D = n
             P = (max(float(x.batched_tokens_mean) - n, 0.0)
                  if not pd.isna(x.batched_tokens_mean) else n * inl / outl)
-        rows.append(_row(x.study, n, P, D, n * (inl + outl / 2.0), K, A, R, W,
+        C = n * (inl + outl / 2.0) if pd.isna(C) else float(C)
+        rows.append(_row(x.study, n, P, D, C, K, A, R, W,
                          x.step_interval_mean_ms, x.scheduler_time_mean_ms))
     # prefill runs that have no windows (run averages)
     have_win = set(win.run_name[win.study == "prefill_baseline"])
@@ -250,10 +267,14 @@ def backbone_kv(data_dir: Path, model: str) -> int:
 
 
 # ---------------------------------------------------------------------------- fit
-def fit_step_coef(rows: pd.DataFrame, sched_offsets: bool = SCHED_OFFSETS) -> tuple[np.ndarray, dict]:
+def fit_step_coef(rows: pd.DataFrame, sched_offsets: bool = SCHED_OFFSETS,
+                  fit_rank: bool = False) -> tuple[np.ndarray, dict]:
     """Two-stage fit (see module docstring). Returns (coef of length 11, report dict).
 
     ``sched_offsets``: give each scheduler-run source file a free additive offset.
+    ``fit_rank``: the rows hold LoRA windows at several ``max_lora_rank`` (twin.harness
+    profile); then c10 is fitted in stage 2 too (bounded 1-D search, NNLS for the rest at each
+    value) instead of staying 0 for stage 3.
     """
     X = rows[list(FEATURE_NAMES)]
     w = rows.weight.to_numpy(float)
@@ -265,12 +286,22 @@ def fit_step_coef(rows: pd.DataFrame, sched_offsets: bool = SCHED_OFFSETS) -> tu
     sched_coef = st1.coef_ if st1 is not None else np.zeros(len(STEP_COEF_NAMES))
     srcs = sorted(s for s in rows.source.unique() if s.startswith("sched_")) if sched_offsets else []
     nuis = np.column_stack([(rows.source == s).to_numpy(float) for s in srcs]) if srcs else None
-    best = None
-    for knee in SEQ_KNEES:   # c12 by grid search, the rest by NNLS
-        m = StepTimeModel(seq_knee=knee, fit_terms=stage2_terms, fixed_coef=sched_coef)
+    def fit_at(knee: float, rank_scale: float) -> tuple[float, StepTimeModel]:
+        m = StepTimeModel(rank_scale=rank_scale, seq_knee=knee, fit_terms=stage2_terms,
+                          fixed_coef=sched_coef)
         m.fit(X, rows.y, sample_weight=w, nuisance=nuis)
         p = m.predict(X) + (nuis @ m.nuisance_coef_ if srcs else 0.0)
-        loss = float(np.sum((w * (p - rows.y) / rows.y) ** 2))
+        return float(np.sum((w * (p - rows.y) / rows.y) ** 2)), m
+
+    best = None
+    for knee in SEQ_KNEES:   # c12 by grid search, the rest by NNLS
+        if fit_rank:
+            from scipy.optimize import minimize_scalar
+            r = minimize_scalar(lambda c: fit_at(knee, c)[0], bounds=(0.0, RANK_SCALE_MAX),
+                                method="bounded", options={"xatol": 1e-7})
+            loss, m = fit_at(knee, float(r.x))
+        else:
+            loss, m = fit_at(knee, 0.0)
         if best is None or loss < best[0]:
             best = (loss, m)
     st2 = best[1]
@@ -508,8 +539,16 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
     data_dir = Path(data_dir)
     win_rows = step_rows(data_dir, model)
     rows = pd.concat([win_rows, scheduler_rows(data_dir)], ignore_index=True)
-    coef, rep = fit_step_coef(rows)
-    coef[10], rep["rank_term"] = rank_scale_from_data(data_dir)
+    win_ranks = sorted({int(r) for r in win_rows.max_rank[win_rows.max_loras > 0]})
+    if len(win_ranks) >= 2:   # LoRA windows at several max ranks (twin.harness profile)
+        coef, rep = fit_step_coef(rows, fit_rank=True)
+        rep["rank_term"] = {
+            "rank_scale": float(coef[10]), "window_ranks": win_ranks,
+            "source_text": f"c10 fitted with the other step terms on the LoRA windows at "
+                           f"max_lora_rank {'/'.join(map(str, win_ranks))}"}
+    else:
+        coef, rep = fit_step_coef(rows)
+        coef[10], rep["rank_term"] = rank_scale_from_data(data_dir)
     kv, mml, ranks = kv_table(data_dir, model)
     loads = load_table(data_dir, model)
     ranks = tuple(sorted(set(ranks) | {r for k in loads for r in k} | {r for _, r in kv}))
@@ -531,10 +570,11 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
             "load_ms_statistic": "mean of measured cpu_to_gpu loads",
             "backbone_kv_tokens": "min kv_cache_tokens of the no-LoRA runs at the largest "
                                   "max_num_seqs",
-            "rank_scale": (f"c10 fitted on {RANK_RUNS} (max_lora_rank 16/32 runs, read against "
-                           f"the {RANK_RUNS_MODEL} profiling fit; a relative LoRA-cost "
-                           "multiplier shared by every profile)")
-                          if "rank_scale" in rep["rank_term"] else rep["rank_term"]["note"],
+            "rank_scale": rep["rank_term"].get("source_text") or (
+                (f"c10 fitted on {RANK_RUNS} (max_lora_rank 16/32 runs, read against "
+                 f"the {RANK_RUNS_MODEL} profiling fit; a relative LoRA-cost "
+                 "multiplier shared by every profile)")
+                if "rank_scale" in rep["rank_term"] else rep["rank_term"]["note"]),
             "calibrated_on": _dt.date.today().isoformat(),
             "code": "twin.calibrate",
         },

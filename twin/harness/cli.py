@@ -55,8 +55,10 @@ Profile a new GPU or base model (vLLM 0.8.5):
   2. python -m twin.harness profile --model meta-llama/Llama-3.1-8B-Instruct --out prof/ \\
          --launch --server vllm --gpu-ids 0 --study full
      (restarts one `vllm serve` per configuration: no-LoRA decode and prefill runs, LoRA decode
-     runs over adapter counts, the KV capacity of every (max_loras, max_lora_rank) from
-     vllm:cache_config_info at start-up, adapter load times, waiting-queue scans; several hours)
+     runs over adapter counts, with queues of skipped requests for the waiting-queue scan, LoRA
+     prefill runs at max_lora_rank 8/16/32 for the rank term, the KV capacity of every
+     (max_loras, max_lora_rank) from vllm:cache_config_info or the start-up log, adapter load
+     times; several hours)
   3. python -m twin calibrate --data prof/ --model MODEL_NAME --out my-profile.json
   4. python -m twin run --profile my-profile.json ...   (or copy it into twin/profiles/)
 Without GPU: --launch --server twin --profile NAME --time-scale 20 --study quick profiles twin
@@ -142,7 +144,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
             urls = [s.url for s in servers]
             if not a.quiet:
                 print("servers: " + " ".join(urls), file=sys.stderr)
-            result = run_verify(wl, urls, a.time_scale, a.server, quiet=a.quiet)
+            result = run_verify(wl, urls, a.time_scale, a.server, quiet=a.quiet,
+                                logs=[s.log for s in servers])
     write_output(out_json, to_json(result))
     md = to_markdown(result)
     write_output(out_md, md)
