@@ -200,8 +200,9 @@ def main(argv=None) -> int:
     bad = sum(1 for g in v.gpus if not g.verified.ok)
     twin_tps = sum(g.verified.throughput_tps for g in v.gpus)
     out["load_avg_after_verify"] = os.getloadavg()
+    where = "cluster" if a.address else workers
     print(f"verify: gpus={v.n_gpus} simulated_s={a.duration:g} backend={a.backend} "
-          f"workers={workers} verify_s={verify_s:.1f} verdict={v.verdict} "
+          f"workers={where} verify_s={verify_s:.1f} verdict={v.verdict} "
           f"twin_rejected_gpus={bad} twin_throughput={twin_tps / 1e6:.2f} M tok/s")
     print(f"load average after verify: "
           f"{' '.join(f'{x:.2f}' for x in out['load_avg_after_verify'])}")
@@ -225,12 +226,14 @@ def main(argv=None) -> int:
               f"kernel={mean['kernel_s']:.3f} s metrics={mean['metrics_s']:.3f} s "
               f"total={per_gpu:.3f} s (cpu {mean['cpu_s']:.3f} s) "
               f"kernel_share={mean['kernel_s'] / per_gpu:.1%}")
-        print(f"split of verify_s (estimated from the sample): GPU work {busy:.1f} s "
-              f"({busy / verify_s:.1%}; kernel {busy * mean['kernel_s'] / per_gpu:.1f} s), "
-              f"other {verify_s - busy:.1f} s (a fresh pool's start-up alone: {start:.1f} s; "
-              f"the rest is scheduling, pickling, aggregation, idle cores at the end and other "
-              f"processes' load); rerun throughput differs from the verification on "
-              f"{mismatch} of {len(rows)} GPUs")
+        if not a.address:     # a cluster's CPU count is the cluster's business
+            print(f"split of verify_s (from the sample's wall times, {workers} workers): GPU "
+                  f"work {busy:.1f} s ({busy / verify_s:.1%}; kernel "
+                  f"{busy * mean['kernel_s'] / per_gpu:.1f} s), other {verify_s - busy:.1f} s "
+                  f"(pool start-up, scheduling, pickling, aggregation, idle cores at the end and "
+                  f"other processes' load)")
+        print(f"a fresh pool's start-up (tiny jobs): {start:.1f} s; rerun throughput differs "
+              f"from the verification on {mismatch} of {len(rows)} GPUs")
         out.update(sample=rows, per_gpu_s=per_gpu, kernel_share=mean["kernel_s"] / per_gpu,
                    pool_startup_s=start, est_gpu_work_s=busy, sample_mismatch=mismatch)
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -238,7 +241,7 @@ def main(argv=None) -> int:
     print(f"memory: driver_max_rss={rss_self:.0f} MB largest_local_worker_max_rss="
           f"{rss_child:.0f} MB")
     out.update(gpus=v.n_gpus, adapters=n_ad, seed=a.seed, duration_s=a.duration,
-               backend=a.backend, address=a.address, workers=workers, plan_s=plan_s,
+               backend=a.backend, address=a.address, workers=where, plan_s=plan_s,
                calibration_s=calib_s, rounds=rounds, verify_s=verify_s, verdict=v.verdict,
                twin_rejected_gpus=bad, driver_max_rss_mb=rss_self,
                worker_max_rss_mb=rss_child)
