@@ -70,6 +70,7 @@ SCENARIOS = ("homogeneous", "heterogeneous", "drifting")
 HEURISTICS = ("static", "uniform", "least_outstanding", "affinity")
 MAX_LORAS, RANK, ZIPF = 16, 16, 1.1
 DEV_SEED, REPORT_SEED = 1, 7
+TUNING_SEEDS = (1, 7)    # the learned router's slot price and half-life were set on these
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,8 @@ def main(argv=None) -> int:
                     help=f"{QUICK.n_gpu} GPUs, {QUICK.duration_s:g} s windows "
                          f"(default: {FULL.n_gpu} GPUs, {FULL.duration_s:g} s)")
     ap.add_argument("--seed", type=int, default=REPORT_SEED,
-                    help=f"workload, plan and router seed ({DEV_SEED} was used for tuning)")
+                    help=f"workload, plan and router seed (seeds {TUNING_SEEDS} were used for "
+                         "tuning)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help="comma-separated subset of " + ",".join(SCENARIOS))
     ap.add_argument("--plot", default=None, help="plot (PNG; default results/routing.png, rewritten on every run)")
@@ -272,7 +274,8 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     print(f"fleet: {size.n_gpu} GPUs, {size.adapters_per_gpu * size.n_gpu} rank-{RANK} adapters "
           f"(Zipf {ZIPF}), --max-loras {MAX_LORAS}, {size.duration_s:g} s window, seed {a.seed}"
-          f"{' (held out: tuning used seed %d)' % DEV_SEED if a.seed != DEV_SEED else ''}")
+          + (f" (used for tuning: seeds {TUNING_SEEDS})" if a.seed in TUNING_SEEDS else
+             f" (held out: tuning used seeds {TUNING_SEEDS})"))
     cols = ["scenario", "policy", "requests", "completed", "mean_ttft_s", "p50_ttft_s",
             "p99_ttft_s", "adapter_loads", "throughput_over_offered", "starved_gpu_minutes",
             "wall_s"]

@@ -42,12 +42,15 @@ kept GPUs whose Amax or max rank changed.
 replayed in the routed fleet twin (``replay_transition``): the previous plan serves the new
 rates for ``TRANSITION_WARMUP_S``, then the new routing takes over; moved adapters pay the
 measured load time on their new GPU, old homes drain their in-flight requests, restarted
-servers start after draining. The report (late and unfinished requests, TTFT, throughput,
-drain and restart times, ``starved``) is stored in the plan's ``params.replan.transition``.
+servers start after draining. The report (late and unfinished requests against the new plan
+in steady state, TTFT, throughput, drain and restart times; ``starved``: the twin's
+starvation rule over the switch-over window, or more late requests than the new plan has in
+steady state) is stored in ``params.replan.transition``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -338,23 +341,31 @@ class TransitionReport:
     """The switch-over from the previous plan to the new one, replayed in the routed fleet
     twin (:func:`replay_transition`). Counts are over requests arriving after the switch:
     ``late`` waited more than ``LATE_WAIT_S`` for their first token (or still wait that long at
-    the end); ``unfinished`` were not done by the end (arrived > 60 s before it);
-    ``throughput_over_offered``: tokens completed after the switch / tokens arriving after it.
-    ``new_homes``: (adapter, GPU) pairs loaded at the switch; ``restarts``: servers restarted
-    with a new configuration (they start after draining); ``max_drain_s``: the longest an old
-    home kept serving an adapter that left it (inf: not drained by the end);
-    ``max_restart_wait_s``: the longest a restarted server took from the switch to its first
-    token. ``starved``: any late request, or throughput below the instance's
-    starvation threshold x offered."""
+    the end); ``unfinished`` were not done by the end (arrived > 60 s before it); the
+    ``*_steady`` counts are the same requests served by the new plan in steady state (no
+    switch), so ``late - late_steady`` is what the switch itself costs. ``p99_ttft_s`` (after
+    the switch) and ``p99_ttft_s_before`` (the previous plan at its own rates): completed
+    requests. ``throughput_over_offered``: tokens completed after the switch / tokens arriving
+    after it, fleet-wide; ``min_gpu_throughput_over_offered``: the same per GPU serving after
+    the switch, the lowest. ``new_homes``: (adapter, GPU) pairs loaded at the switch;
+    ``restarts``: servers restarted with a new configuration (they start after draining);
+    ``max_drain_s``: the longest an old home kept serving an adapter that left it (inf: not
+    drained by the end); ``max_restart_wait_s``: the longest a restarted server took from the
+    switch to its first token. ``starved``: the twin's starvation rule over the switch-over
+    window (some GPU's throughput below the instance's threshold x its offered load), or more
+    late requests than the new plan has in steady state."""
 
     switch_s: float
     duration_s: float
     requests: int
     late: int
+    late_steady: int
     unfinished: int
+    unfinished_steady: int
     p99_ttft_s: float
     p99_ttft_s_before: float
     throughput_over_offered: float
+    min_gpu_throughput_over_offered: float
     new_homes: int
     restarts: int
     max_drain_s: float
@@ -443,15 +454,31 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
                    np.concatenate([rb.output_len, ra.output_len]))
     res = simulate_routed(plan, adapters, req, make_router("static", inst.seed), dur,
                           switch=switch)
+    # the new plan in steady state on the same requests after the switch (warmed up at the
+    # new rates from t = 0): what the plan costs anyway, against which the switch is judged
+    n = len(inst.adapters)
+    rw = generate_requests(inst.adapters, float(warmup_s), inst.lengths,
+                           seed=np.random.default_rng([inst.seed, 2]))
+    req_s = Requests(np.concatenate([rw.arrival_s, ra.arrival_s + warmup_s]),
+                     np.concatenate([rw.adapter, ra.adapter]),
+                     np.concatenate([rw.input_len, ra.input_len]),
+                     np.concatenate([rw.output_len, ra.output_len]))
+    steady = simulate_routed(RoutingPlan(tuple(gpus), after_h[:n], after_w[:n]), adapters[:n],
+                             req_s, make_router("static", inst.seed), dur)
 
-    arr = req.arrival_s
-    after = arr >= warmup_s
-    first = np.where(res.first_t >= 0, res.first_t, np.inf)
-    done = (res.finish_t >= 0) & (res.finish_t <= dur)
-    wait = np.minimum(first, dur) - arr
-    late = int((after & (wait > LATE_WAIT_S)).sum())
-    unfinished = int((after & ~done & (arr < dur - 60.0)).sum())
-    ttft = first - arr
+    def outcome(r, rq):
+        arr = rq.arrival_s
+        after = arr >= warmup_s
+        first = np.where(r.first_t >= 0, r.first_t, np.inf)
+        done = (r.finish_t >= 0) & (r.finish_t <= dur)
+        wait = np.minimum(first, dur) - arr
+        late = int((after & (wait > LATE_WAIT_S)).sum())
+        unfinished = int((after & ~done & (arr < dur - 60.0)).sum())
+        return after, first, done, late, unfinished
+
+    after, first, done, late, unfinished = outcome(res, req)
+    _, _, _, late_steady, unfinished_steady = outcome(steady, req_s)
+    ttft = first - req.arrival_s
 
     def p99(m: np.ndarray) -> float:
         m = m & done
@@ -460,6 +487,11 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     tokens = (req.input_len.astype(np.int64) + req.output_len)
     fin_after = done & (res.finish_t >= warmup_s)
     ratio = float(tokens[fin_after].sum() / max(tokens[after].sum(), 1))
+    worst = math.inf                         # per serving GPU: the twin's starvation rule
+    for g in {u for hs in after_h for u in hs}:
+        offered = tokens[after & (res.gpu == g)].sum()
+        if offered > 0:
+            worst = min(worst, float(tokens[fin_after & (res.gpu == g)].sum() / offered))
     new_homes = sum(len(set(a) - set(b)) for a, b in zip(after_h, before_h))
     drain = 0.0
     for i, (hb, ha) in enumerate(zip(before_h, after_h)):
@@ -474,10 +506,12 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
             m = res.gpu == g
             if m.any():
                 restart_wait = max(restart_wait, float(first[m].min() - warmup_s))
-    starved = late > 0 or ratio < inst.starvation_threshold
-    return TransitionReport(float(warmup_s), dur, int(after.sum()), late, unfinished, p99(after),
-                            p99(~after), ratio, int(new_homes), sum(o >= 0 for o in starts_after),
-                            max(drain, 0.0), max(restart_wait, 0.0), bool(starved))
+    worst = worst if math.isfinite(worst) else 1.0
+    return TransitionReport(float(warmup_s), dur, int(after.sum()), late, late_steady,
+                            unfinished, unfinished_steady, p99(after), p99(~after), ratio, worst,
+                            int(new_homes), sum(o >= 0 for o in starts_after), max(drain, 0.0),
+                            max(restart_wait, 0.0),
+                            bool(worst < inst.starvation_threshold or late > late_steady))
 
 
 # ----------------------------------------------------------------------------- main
