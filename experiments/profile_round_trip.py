@@ -12,10 +12,18 @@ coefficients within 5 %, KV table exact.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from twin.cli_support import CliError, check_output_dir, float_above, run_command
+
+
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
         out = check_output_dir(a.out, "--out", a.force, ("fitted.json", "round_trip.txt"))
         ref = load_profile(a.profile)
+        load0 = _load_average()
         t0 = time.perf_counter()
         args = ["profile", "--launch", "--server", "twin", "--profile", a.profile,
                 "--time-scale", repr(a.time_scale), "--study", a.study, "--out", str(out)]
@@ -47,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         fitted, _ = calibrate(out, ref.model)
         fitted.to_json(out / "fitted.json")
         text = (f"profile round trip: {a.profile}, {a.study} study, time scale {a.time_scale:g}, "
-                f"{time.perf_counter() - t0:.0f} s\n" + format_checks(ref, fitted))
+                f"{time.perf_counter() - t0:.0f} s (1-minute load average {load0} at the start, "
+                f"{_load_average()} at the end; the machine's other jobs slow the stand-ins)\n"
+                + format_checks(ref, fitted))
         (out / "round_trip.txt").write_text(text + "\n")
         print(text)
         return 0

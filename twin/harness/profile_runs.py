@@ -430,12 +430,14 @@ def _prefill_ctx(inl: int, budget: int, steps: int = 3000, warmup: int = 200) ->
     return total / (steps - warmup)
 
 
-def _mean_waiting(sc: Sequence[Scrape], i: int, j: int) -> float:
-    """Mean waiting gauge over scrapes i..j, each interval weighted by the inter-token gaps
-    recorded in it (the window's step time is a mean over those gaps), trapezoid rule."""
+def _mean_waiting(sc: Sequence[Scrape], i: int, j: int, field: str = "waiting") -> float:
+    """Mean of a gauge (``waiting``, ``running_adapters``) over scrapes i..j, each interval
+    weighted by the inter-token gaps recorded in it (the window's step time is a mean over
+    those gaps), trapezoid rule."""
     w = np.array([sc[k + 1].tpot_count - sc[k].tpot_count for k in range(i, j)], dtype=float)
-    v = np.array([0.5 * (sc[k].waiting + sc[k + 1].waiting) for k in range(i, j)])
-    return float(np.sum(w * v) / np.sum(w)) if np.sum(w) > 0 else float(sc[j].waiting)
+    v = np.array([0.5 * (getattr(sc[k], field) + getattr(sc[k + 1], field))
+                  for k in range(i, j)])
+    return float(np.sum(w * v) / np.sum(w)) if np.sum(w) > 0 else float(getattr(sc[j], field))
 
 
 def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
@@ -486,7 +488,7 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
                      "n_steps": np.nan,
                      "step_interval_mean_ms": 1000.0 * (b.tpot_sum - a.tpot_sum) / dn,
                      "scheduler_time_mean_ms": np.nan,
-                     "unique_adapters_mean": (0.5 * (a.running_adapters + b.running_adapters)
+                     "unique_adapters_mean": (_mean_waiting(sc, i, j, "running_adapters")
                                               if restrict else 0.0),
                      "batched_tokens_mean": (a.running if lockstep and a.running == b.running
                                              else np.nan), "running_start": a.running,
@@ -499,6 +501,11 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
 
 # ------------------------------------------------------------------------------ servers
 LORA_TILE_TOKENS = 16   # tokens per LoRA kernel tile (BLOCK_M of vLLM 0.8.5's punica kernels)
+# A run on as many adapters as slots needs at least this many requests per slot: with about one
+# request per adapter, cohorts admitted a few steps apart (the server aborts the blockers one
+# connection at a time) hold some adapter twice and miss another, so the batch holds fewer
+# than max_loras adapters at times and the scheduler does not scan its queue then.
+FULL_RUN_SEQS_PER_SLOT = 2
 
 
 def _adapter_count(factor: float, max_loras: int, seqs: int) -> int:
@@ -639,8 +646,10 @@ class Profiler:
         return Blockers(models, max(2, min(cap, mml - 2)))
 
     def n_prompts(self, setup: ServerSetup, outl: int) -> int:
-        """Prompts that keep ``max_num_seqs`` requests running for about ``steady_steps``."""
-        return setup.max_num_seqs * (int(np.ceil(self.plan.steady_steps / outl)) + 1)
+        """Prompts that keep ``max_num_seqs`` requests running for about ``steady_steps``,
+        plus the first cohort after the blockers (skipped: it loads the adapters) and the last
+        (nothing waits behind it, so no window ends in it)."""
+        return setup.max_num_seqs * (int(np.ceil(self.plan.steady_steps / outl)) + 2)
 
     def decode_run(self, setup: ServerSetup, study: str, url: str, kv: int | None, restrict: int,
                    inl: int, outl: int, queue: int = 0) -> list[dict]:
@@ -731,6 +740,8 @@ class Profiler:
                 url = servers[0].url
                 kv = self.record_server(servers[0], setup)
                 for k in counts:
+                    if k == a_slots and seqs < FULL_RUN_SEQS_PER_SLOT * a_slots:
+                        continue   # see FULL_RUN_SEQS_PER_SLOT
                     for q in (plan.queue_lengths if k == a_slots else (0,)):
                         self.decode_run(setup, "lora_decode_overhead", url, kv, k, inl, outl,
                                         queue=q)
