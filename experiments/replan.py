@@ -24,8 +24,18 @@ per GPU):
 
 Moves = loads of adapters that already existed onto a GPU that did not hold them (a relocation;
 ``optim.replan.Churn``), summed over windows 1..W-1; GPU-hours = GPUs x window hours; a starved
-window = the twin rejected that window's plan. Prints a per-window table, writes a plot (GPUs
-and moves per window, three methods) and ends with
+window = the twin rejected that window's plan. The switch-over into each window (1..W-1) is
+replayed in the routed fleet twin for resolve and replan (``optim.replan.replay_transition``:
+the previous plan serves the previous window's rates for 120 s, then the window's rates and
+the new plan take over for 300 s;
+moved adapters pay their load time on the new GPU, old homes drain, restarted servers start
+after draining); a starved switch-over = some GPU's throughput after the switch below the
+starvation threshold x its offered load, or more late requests (first token after > 30 s)
+than the new plan has in steady state on the same requests. Prints a per-window table
+(``*_switch_late`` / ``*_steady_late``: late requests after the switch / in steady state,
+``*_switch_ok``: not starved, ``replan_drain_s``: the longest an old home drained), the
+starved switch-overs,
+writes a plot (GPUs and moves per window, three methods) and ends with
 ``replan_moves_vs_resolve=<r> replan_gpu_hours_vs_resolve=<g> starved_windows=<k>`` (k: the
 re-plan's starved windows). ``--quick``: 48 adapters, 8 windows, 600 s twin windows.
 """
@@ -138,7 +148,7 @@ def static_plan(prev, inst, duration_s: float):
 
 def run(args: argparse.Namespace) -> dict:
     from optim.methods import solve
-    from optim.replan import ReplanOptions, churn_between, relabel, replan
+    from optim.replan import ReplanOptions, churn_between, relabel, replan, replay_transition
 
     days = drifting_day(args.adapters, args.windows, args.seed, args.duration)
     rows = []
@@ -156,17 +166,28 @@ def run(args: argparse.Namespace) -> dict:
             static, rp, rp_moves, rs_moves, st_moves, cand, t_replan = (
                 resolve, resolve, 0, 0, 0, "start", 0.0)
             row.update({"incr_gpus": resolve.n_gpus, "incr_moves": 0})
+            rp_tr = rs_tr = None
         else:
-            rs_moves = churn_between(prev_resolve, resolve.gpus,
-                                     relabel(prev_resolve, resolve.gpus)).moves
+            rs_origin = relabel(prev_resolve, resolve.gpus)
+            rs_moves = churn_between(prev_resolve, resolve.gpus, rs_origin).moves
+            rs_tr = replay_transition(prev_resolve, resolve.gpus, rs_origin, inst).to_dict()
             t0 = time.perf_counter()
             res = replan(prev_replan, inst, opts, fresh=resolve)
             t_replan = time.perf_counter() - t0
             rp, rp_moves, cand = res.placement, res.churn.moves, res.candidate
+            rp_tr = rp.params["replan"]["transition"]
             inc = rp.params["replan"]["candidates"]["incremental"]
             row.update({"incr_gpus": inc["gpus"], "incr_moves": inc["moves"]})
             static = static_plan(prev_static, inst, args.duration)
             st_moves = 0
+        for k, tr in (("replan", rp_tr), ("resolve", rs_tr)):
+            # the switch-over replayed in the routed fleet twin (window 0 has none)
+            row.update({f"{k}_switch_ok": tr is None or not tr["starved"],
+                        f"{k}_switch_late": 0 if tr is None else tr["late"],
+                        f"{k}_steady_late": 0 if tr is None else tr["late_steady"],
+                        f"{k}_switch_p99_s": math.nan if tr is None else tr["p99_ttft_s"],
+                        f"{k}_before_p99_s": math.nan if tr is None else tr["p99_ttft_s_before"],
+                        f"{k}_drain_s": 0.0 if tr is None else tr["max_drain_s"]})
         row.update({"static_gpus": static.n_gpus, "static_ok": static.verdict == "accepted",
                     "resolve_gpus": resolve.n_gpus, "resolve_moves": rs_moves,
                     "resolve_ok": resolve.verdict == "accepted",
@@ -189,7 +210,9 @@ def summarise(rows: list[dict]) -> dict:
            "gpu_hours": {k: hours(k) for k in ("static", "resolve", "replan")},
            "moves": {"resolve": rs_moves, "replan": rp_moves},
            "starved_windows": {k: sum(not r[f"{k}_ok"] for r in rows)
-                               for k in ("static", "resolve", "replan")}}
+                               for k in ("static", "resolve", "replan")},
+           "starved_switches": {k: sum(not r[f"{k}_switch_ok"] for r in rows)
+                                for k in ("resolve", "replan")}}
     out["replan_moves_vs_resolve"] = rp_moves / rs_moves if rs_moves else math.nan
     out["replan_gpu_hours_vs_resolve"] = out["gpu_hours"]["replan"] / out["gpu_hours"]["resolve"]
     return out
@@ -252,14 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     s = run(a)
     cols = ["window", "load_x", "flash", "adapters", "arrived", "retired", "static_gpus",
             "static_ok", "resolve_gpus", "resolve_moves", "resolve_ok", "replan_gpus",
-            "replan_moves", "replan_ok", "replan_from", "incr_gpus", "incr_moves", "resolve_s",
-            "replan_s"]
+            "replan_moves", "replan_ok", "replan_from", "incr_gpus", "incr_moves",
+            "resolve_switch_late", "resolve_steady_late", "resolve_switch_ok",
+            "replan_switch_late", "replan_steady_late", "replan_switch_ok", "replan_drain_s",
+            "resolve_s", "replan_s"]
     import pandas as pd
     print(markdown_table(pd.DataFrame(s["rows"])[cols]))
     print(f"GPU-hours: static {s['gpu_hours']['static']:.0f}, resolve "
           f"{s['gpu_hours']['resolve']:.0f}, replan {s['gpu_hours']['replan']:.0f}; moves: "
           f"resolve {s['moves']['resolve']}, replan {s['moves']['replan']}; starved windows: "
           + ", ".join(f"{k} {v}" for k, v in s["starved_windows"].items()))
+    print("switch-overs replayed in the routed fleet twin (windows 1..W-1): starved "
+          + ", ".join(f"{k} {v}" for k, v in s["starved_switches"].items())
+          + "; late requests after the switch (steady new plan) " + ", ".join(
+              f"{k} {sum(r[f'{k}_switch_late'] for r in s['rows'])} "
+              f"({sum(r[f'{k}_steady_late'] for r in s['rows'])})"
+              for k in ("resolve", "replan")))
     plot(s, Path(a.plot))
     print(f"wrote {a.plot}")
     if a.json:
