@@ -430,14 +430,12 @@ def _prefill_ctx(inl: int, budget: int, steps: int = 3000, warmup: int = 200) ->
     return total / (steps - warmup)
 
 
-def _mean_waiting(sc: Sequence[Scrape], i: int, j: int, field: str = "waiting") -> float:
-    """Mean of a gauge (``waiting``, ``running_adapters``) over scrapes i..j, each interval
-    weighted by the inter-token gaps recorded in it (the window's step time is a mean over
-    those gaps), trapezoid rule."""
+def _mean_waiting(sc: Sequence[Scrape], i: int, j: int) -> float:
+    """Mean waiting gauge over scrapes i..j, each interval weighted by the inter-token gaps
+    recorded in it (the window's step time is a mean over those gaps), trapezoid rule."""
     w = np.array([sc[k + 1].tpot_count - sc[k].tpot_count for k in range(i, j)], dtype=float)
-    v = np.array([0.5 * (getattr(sc[k], field) + getattr(sc[k + 1], field))
-                  for k in range(i, j)])
-    return float(np.sum(w * v) / np.sum(w)) if np.sum(w) > 0 else float(getattr(sc[j], field))
+    v = np.array([0.5 * (sc[k].waiting + sc[k + 1].waiting) for k in range(i, j)])
+    return float(np.sum(w * v) / np.sum(w)) if np.sum(w) > 0 else float(sc[j].waiting)
 
 
 def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
@@ -488,7 +486,9 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
                      "n_steps": np.nan,
                      "step_interval_mean_ms": 1000.0 * (b.tpot_sum - a.tpot_sum) / dn,
                      "scheduler_time_mean_ms": np.nan,
-                     "unique_adapters_mean": (_mean_waiting(sc, i, j, "running_adapters")
+                     # at the ends the batch is full (checked above); a scrape inside may
+                     # fall on a cohort boundary, between finished requests and successors
+                     "unique_adapters_mean": (0.5 * (a.running_adapters + b.running_adapters)
                                               if restrict else 0.0),
                      "batched_tokens_mean": (a.running if lockstep and a.running == b.running
                                              else np.nan), "running_start": a.running,
