@@ -103,11 +103,13 @@ def test_profile_round_trip_recovers_the_served_profile(tmp_path):
     # experiments/profile_round_trip.py, README); the context term trades with the knee here
     # (asserted within 10 %); the per-slot-and-token term c6 is pinned by the LoRA prefill
     # windows at 8 and 64 slots, the rank term c10 by those at max_lora_rank 32 against 8, the
-    # waiting-queue term c9 by the full-adapter decode windows with and without 1000 skipped
-    # requests queued behind them
+    # waiting-queue term c9 by the full-adapter decode windows (8 and 64 slots, at least 2
+    # requests per slot) with and without 1000 skipped requests queued behind them
     for name in ("base_ms", "per_token_ms", "lora_base_ms", "per_token_kslot_ms",
-                 "per_lora_tile_ms", "per_kwaiting_ms", "rank_scale"):
+                 "per_lora_tile_ms", "per_kwaiting_ms"):
         assert abs(checks[name].relative_error) <= 0.05, checks[name]
+    # the rank windows are full prefill steps, the steadiest of all (within 1 % in every run)
+    assert abs(checks["rank_scale"].relative_error) <= 0.03, checks["rank_scale"]
     assert abs(checks["per_kctx_ms"].relative_error) <= 0.10, checks["per_kctx_ms"]
     assert abs(slot_cost_error(ref, fitted)) <= 0.05
     assert rep["rank_term"]["window_ranks"] == [8, 32]

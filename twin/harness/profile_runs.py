@@ -356,7 +356,7 @@ MAX_PERIODS = 6   # a lockstep window spans 1 to this many whole cohort periods
 
 
 def _intervals(sc: Sequence[Scrape], period_gaps: float | None,
-               after: float | None = None) -> list[tuple[int, int]]:
+               after: float | None = None, fillers: int = 0) -> list[tuple[int, int]]:
     """Index pairs of scrapes that bound the windows: consecutive scrapes, or
     (``period_gaps``) spans of whole lockstep cohort periods: pairs whose gap count differs by
     m periods' gaps (n requests x (output - 1) each, 1 <= m <= ``MAX_PERIODS``) within
@@ -365,10 +365,13 @@ def _intervals(sc: Sequence[Scrape], period_gaps: float | None,
     of the cohorts, so the window's mean context is the steady-state one. Counted in
     server-recorded gaps, the cut does not depend on how fast the client or server ran (a
     loaded client scrapes less often; longer spans keep the windows). A period window starts at
-    or after ``after`` and has requests waiting at every scrape in it."""
+    or after ``after`` and has more than ``fillers`` requests waiting at every scrape in it (a
+    run's own requests, not only queue fillers: once those are all admitted, the batch thins
+    out and takes fillers)."""
     if not period_gaps:
         return [(i, i + 1) for i in range(len(sc) - 1)]
-    ok = [x.waiting > 0 and x.running > 0 and (after is None or x.wall >= after) for x in sc]
+    ok = [x.waiting > fillers and x.running > 0 and (after is None or x.wall >= after)
+          for x in sc]
     out, i = [], 0
     while i < len(sc) - 1:
         found = None
@@ -472,10 +475,10 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
         k1 = next((k for k in range(k0, len(sc))
                    if sc[k].tpot_count >= sc[k0].tpot_count + period_gaps), None)
         after = sc[k1].wall if k1 is not None else float("inf")
-    for i, j in _intervals(sc, period_gaps, after):
+    for i, j in _intervals(sc, period_gaps, after, run.fillers):
         a, b = sc[i], sc[j]
         dn = b.tpot_count - a.tpot_count
-        if dn <= 0 or a.waiting <= 0 or b.waiting <= 0:
+        if dn <= 0 or a.waiting <= run.fillers or b.waiting <= run.fillers:
             continue
         # a scrape taken after some requests of a cohort finished and before their successors
         # were admitted shows fewer running; one a period later shows the same dip (same
