@@ -44,8 +44,9 @@ rates for ``TRANSITION_WARMUP_S``, then the new routing takes over; moved adapte
 measured load time on their new GPU, old homes drain their in-flight requests, restarted
 servers start after draining. The report (late and unfinished requests against the new plan
 in steady state, TTFT, throughput, drain and restart times; ``starved``: the twin's
-starvation rule over the switch-over window, or more late requests than the new plan has in
-steady state) is stored in ``params.replan.transition``.
+starvation rule fails over the switch-over window where the new plan in steady state passes
+it or does better, or more requests are late than in steady state) is stored in
+``params.replan.transition``.
 """
 
 from __future__ import annotations
@@ -351,9 +352,10 @@ class TransitionReport:
     ``restarts``: servers restarted with a new configuration (they start after draining);
     ``max_drain_s``: the longest an old home kept serving an adapter that left it (inf: not
     drained by the end); ``max_restart_wait_s``: the longest a restarted server took from the
-    switch to its first token. ``starved``: the twin's starvation rule over the switch-over
-    window (some GPU's throughput below the instance's threshold x its offered load), or more
-    late requests than the new plan has in steady state."""
+    switch to its first token. ``starved``: the switch makes the fleet starve — over the
+    switch-over window some GPU's throughput is below the instance's threshold x its offered
+    load (the twin's rule) and below the new plan's lowest in steady state, or more requests
+    are late than in steady state."""
 
     switch_s: float
     duration_s: float
@@ -366,6 +368,7 @@ class TransitionReport:
     p99_ttft_s_before: float
     throughput_over_offered: float
     min_gpu_throughput_over_offered: float
+    min_gpu_throughput_over_offered_steady: float
     new_homes: int
     restarts: int
     max_drain_s: float
@@ -487,11 +490,21 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     tokens = (req.input_len.astype(np.int64) + req.output_len)
     fin_after = done & (res.finish_t >= warmup_s)
     ratio = float(tokens[fin_after].sum() / max(tokens[after].sum(), 1))
-    worst = math.inf                         # per serving GPU: the twin's starvation rule
-    for g in {u for hs in after_h for u in hs}:
-        offered = tokens[after & (res.gpu == g)].sum()
-        if offered > 0:
-            worst = min(worst, float(tokens[fin_after & (res.gpu == g)].sum() / offered))
+
+    def worst_gpu(r, rq) -> float:
+        """Lowest throughput / offered after the switch over the GPUs serving then (the
+        twin's per-GPU starvation rule)."""
+        tok = rq.input_len.astype(np.int64) + rq.output_len
+        aft = rq.arrival_s >= warmup_s
+        fin = (r.finish_t >= warmup_s) & (r.finish_t <= dur)
+        out = math.inf
+        for g in {u for hs in after_h for u in hs}:
+            offered = tok[aft & (r.gpu == g)].sum()
+            if offered > 0:
+                out = min(out, float(tok[fin & (r.gpu == g)].sum() / offered))
+        return out if math.isfinite(out) else 1.0
+
+    worst, worst_steady = worst_gpu(res, req), worst_gpu(steady, req_s)
     new_homes = sum(len(set(a) - set(b)) for a, b in zip(after_h, before_h))
     drain = 0.0
     for i, (hb, ha) in enumerate(zip(before_h, after_h)):
@@ -506,12 +519,12 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
             m = res.gpu == g
             if m.any():
                 restart_wait = max(restart_wait, float(first[m].min() - warmup_s))
-    worst = worst if math.isfinite(worst) else 1.0
+    below = worst < inst.starvation_threshold and worst < worst_steady
     return TransitionReport(float(warmup_s), dur, int(after.sum()), late, late_steady,
                             unfinished, unfinished_steady, p99(after), p99(~after), ratio, worst,
-                            int(new_homes), sum(o >= 0 for o in starts_after), max(drain, 0.0),
-                            max(restart_wait, 0.0),
-                            bool(worst < inst.starvation_threshold or late > late_steady))
+                            worst_steady, int(new_homes), sum(o >= 0 for o in starts_after),
+                            max(drain, 0.0), max(restart_wait, 0.0),
+                            bool(below or late > late_steady))
 
 
 # ----------------------------------------------------------------------------- main
