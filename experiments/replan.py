@@ -30,11 +30,12 @@ the previous plan serves the previous window's rates for 120 s, then the window'
 the new plan take over for 300 s;
 moved adapters pay their load time on the new GPU, old homes drain, restarted servers start
 after draining); a starved switch-over = some GPU's throughput after the switch below the
-starvation threshold x its offered load, or more late requests (first token after > 30 s)
-than the new plan has in steady state on the same requests. Prints a per-window table
+starvation threshold x its offered load (and below the new plan's own in steady state on the
+same requests), or more late requests (first token after > 30 s) than in that steady state. Prints a per-window table
 (``*_switch_late`` / ``*_steady_late``: late requests after the switch / in steady state,
-``*_switch_ok``: not starved, ``replan_drain_s``: the longest an old home drained), the
-starved switch-overs,
+``*_switch_ok``: not starved, ``replan_drain_s``: the longest an old home drained,
+``replan_restarts``: servers restarted, ``replan_min_gpu_tput``: the lowest GPU throughput /
+offered after the switch), the starved switch-overs,
 writes a plot (GPUs and moves per window, three methods) and ends with
 ``replan_moves_vs_resolve=<r> replan_gpu_hours_vs_resolve=<g> starved_windows=<k>`` (k: the
 re-plan's starved windows). ``--quick``: 48 adapters, 8 windows, 600 s twin windows.
@@ -187,7 +188,12 @@ def run(args: argparse.Namespace) -> dict:
                         f"{k}_steady_late": 0 if tr is None else tr["late_steady"],
                         f"{k}_switch_p99_s": math.nan if tr is None else tr["p99_ttft_s"],
                         f"{k}_before_p99_s": math.nan if tr is None else tr["p99_ttft_s_before"],
-                        f"{k}_drain_s": 0.0 if tr is None else tr["max_drain_s"]})
+                        f"{k}_drain_s": 0.0 if tr is None else tr["max_drain_s"],
+                        f"{k}_restarts": 0 if tr is None else tr["restarts"],
+                        f"{k}_min_gpu_tput": 1.0 if tr is None else
+                        tr["min_gpu_throughput_over_offered"],
+                        f"{k}_min_gpu_tput_steady": 1.0 if tr is None else
+                        tr["min_gpu_throughput_over_offered_steady"]})
         row.update({"static_gpus": static.n_gpus, "static_ok": static.verdict == "accepted",
                     "resolve_gpus": resolve.n_gpus, "resolve_moves": rs_moves,
                     "resolve_ok": resolve.verdict == "accepted",
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             "replan_moves", "replan_ok", "replan_from", "incr_gpus", "incr_moves",
             "resolve_switch_late", "resolve_steady_late", "resolve_switch_ok",
             "replan_switch_late", "replan_steady_late", "replan_switch_ok", "replan_drain_s",
-            "resolve_s", "replan_s"]
+            "replan_restarts", "replan_min_gpu_tput", "resolve_s", "replan_s"]
     import pandas as pd
     print(markdown_table(pd.DataFrame(s["rows"])[cols]))
     print(f"GPU-hours: static {s['gpu_hours']['static']:.0f}, resolve "
