@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -321,3 +322,80 @@ def test_verify_on_a_real_gpu(tmp_path):
     rep = json.loads((tmp_path / "v.json").read_text())
     assert rep["gpus"][0]["server_kv_tokens"] > 0
     assert rep["total"]["measured"]["completed"] > 0
+
+
+# ------------------------------------------------------------------------------ prompt file
+def _prompt_file(path: Path) -> Path:
+    rows = [{"prompt": "Summarise the following support ticket in two sentences: " + "x" * k}
+            for k in (40, 400, 1200)]
+    rows += [{"prompt": "Translate to German: good morning", "prompt_tokens": 9},
+             {"prompt_token_ids": list(range(1000, 1300))}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_prompt_file_sets_the_input_lengths_seeded(tmp_path):
+    from twin.harness.plan_workload import plan_workload, with_prompt_file
+    from twin.harness.prompt_file import load_prompts
+    from twin.serve.app import estimate_text_tokens
+
+    pool = load_prompts(_prompt_file(tmp_path / "p.jsonl"))
+    assert len(pool) == 5 and pool.estimated == 3
+    assert list(pool.tokens[3:]) == [9, 300]
+    assert pool.tokens[0] == estimate_text_tokens(pool.prompts[0])
+    wl = plan_workload(two_gpu_plan(tmp_path / "plan.json"), duration_s=300.0, seed=3)
+    a = with_prompt_file(wl, tmp_path / "p.jsonl")
+    b = with_prompt_file(wl, tmp_path / "p.jsonl")
+    for g0, ga, gb in zip(wl.gpus, a.gpus, b.gpus):
+        assert ga.prompts == gb.prompts and len(ga.prompts) == len(g0.requests)
+        assert np.array_equal(ga.requests.arrival_s, g0.requests.arrival_s)
+        assert np.array_equal(ga.requests.output_len, g0.requests.output_len)
+        lengths = {p if isinstance(p, str) else tuple(p): n
+                   for p, n in zip(pool.prompts, pool.tokens)}
+        assert all(lengths[p] == n for p, n in zip(ga.prompts, ga.requests.input_len))
+        assert len(set(ga.requests.input_len)) > 2          # draws spread over the file
+    assert "estimated" in a.prompt_source
+
+
+@pytest.mark.parametrize("line, msg", [
+    ("not json", "p.jsonl:2: invalid JSON"),
+    ('["a"]', "p.jsonl:2: expected a JSON object"),
+    ('{"prompt": ""}', "p.jsonl:2.prompt: must be a non-empty string"),
+    ('{"prompt": "a", "prompt_token_ids": [1]}', "exactly one of"),
+    ('{"prompt_token_ids": [1, -2]}', "prompt_token_ids: must be a non-empty list"),
+    ('{"prompt": "a", "prompt_tokens": 0}', "prompt_tokens: must be an integer >= 1"),
+])
+def test_prompt_file_errors_name_line_and_field(tmp_path, line, msg):
+    from twin.harness.prompt_file import load_prompts
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        load_prompts(p)
+
+
+def test_prompt_file_refuses_empty_and_oversized(tmp_path):
+    from twin.harness.plan_workload import plan_workload, with_prompt_file
+    from twin.harness.prompt_file import load_prompts
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match="no prompt in the file"):
+        load_prompts(tmp_path / "e.jsonl")
+    (tmp_path / "big.jsonl").write_text(json.dumps({"prompt": "a", "prompt_tokens": 10**7}))
+    wl = plan_workload(two_gpu_plan(tmp_path / "plan.json"), duration_s=60.0)
+    with pytest.raises(ValueError, match="more than the .* a server of the plan holds"):
+        with_prompt_file(wl, tmp_path / "big.jsonl")
+
+
+@needs_serve
+def test_verify_with_a_prompt_file_matches_the_twin(tmp_path):
+    """Text prompts (lengths estimated as twin serve does) and token-id prompts: the stand-ins'
+    measurement agrees with the twin's replay of the same prompts."""
+    rc = harness_main(["verify", str(PLAN_FIXTURE), "--launch", "--profile", PROFILE,
+                       "--time-scale", "3", "--duration", "60", "--seed", "2",
+                       "--prompts", str(_prompt_file(tmp_path / "p.jsonl")),
+                       "--out", str(tmp_path / "v"), "--work-dir", str(tmp_path / "work"),
+                       "--quiet"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "v.json").read_text())
+    assert "5 prompts of" in rep["prompts"] and "estimated" in rep["prompts"]
+    assert abs(rep["relative_difference"]["total"]["throughput_tps"]) <= 0.03
+    assert rep["verdict"]["agree"]

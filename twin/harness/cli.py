@@ -108,6 +108,10 @@ def cmd_verify(a: argparse.Namespace) -> int:
             load_profile(g.profile)
         except (ProfileError, FileNotFoundError, ValueError) as e:
             raise CliError(f"profile of GPU {g.gpu}: {e} (pass --profile)") from None
+    if a.prompts:
+        from .plan_workload import with_prompt_file
+        check_input_file(a.prompts, "--prompts")
+        wl = with_prompt_file(wl, a.prompts)
     if not a.quiet:
         print(f"{len(wl.gpus)} GPUs, {wl.n_requests} requests over {wl.duration_s:g} s "
               f"(twin time; {wl.duration_s / a.time_scale:.1f} s wall at time scale "
@@ -202,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--trace", default=None,
                    help="replay this trace CSV (arrival_s,adapter_id,input_tokens,"
                         "output_tokens) instead of Poisson arrivals")
+    v.add_argument("--prompts", default=None, metavar="JSONL",
+                   help="prompt file, one JSON object per line: {\"prompt\": text[, "
+                        "\"prompt_tokens\": n]} or {\"prompt_token_ids\": [...]}; each "
+                        "request draws one (seeded) and takes its length (default: random "
+                        "token ids of the length model's input lengths)")
     v.add_argument("--duration", type=float_above(0.0, MAX_DURATION_S), default=None,
                    metavar="S", help="window in twin seconds (default: the instance's)")
     v.add_argument("--seed", type=seed_type, default=None,

@@ -47,15 +47,17 @@ class RequestResult:
         return self.token_t[0] if self.token_t else None
 
 
-def completion_body(model: str, prompt_ids: Sequence[int], max_tokens: int) -> dict:
-    """The request body: exact input (token ids) and output (``ignore_eos``) lengths, greedy."""
-    return {"model": model, "prompt": [int(t) for t in prompt_ids], "max_tokens": int(max_tokens),
+def completion_body(model: str, prompt: str | Sequence[int], max_tokens: int) -> dict:
+    """The request body: the prompt (token ids: exact input length; or a text from a prompt
+    file), exact output length (``ignore_eos``), greedy."""
+    body_prompt = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
+    return {"model": model, "prompt": body_prompt, "max_tokens": int(max_tokens),
             "min_tokens": int(max_tokens), "ignore_eos": True, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def stream_completion(session: aiohttp.ClientSession, base_url: str, index: int,
-                            model: str, prompt_ids: Sequence[int], max_tokens: int
+                            model: str, prompt: str | Sequence[int], max_tokens: int
                             ) -> RequestResult:
     """Send one streamed completion and time its tokens; never raises for server errors
     (they come back as ``ok=False`` with the status and body), only for cancellation."""
@@ -65,7 +67,7 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, index
     send_t = time.perf_counter()
     try:
         async with session.post(f"{base_url}/v1/completions",
-                                json=completion_body(model, prompt_ids, max_tokens)) as resp:
+                                json=completion_body(model, prompt, max_tokens)) as resp:
             if resp.status != 200:
                 body = (await resp.text())[:300]
                 return RequestResult(index, send_t, (), None, 0, False,
@@ -107,7 +109,7 @@ class PlannedRequest:
     send_at_s: float
     base_url: str
     model: str
-    prompt_ids: tuple[int, ...]
+    prompt: str | tuple[int, ...]      # token ids, or a text from a prompt file
     max_tokens: int
 
 
@@ -132,7 +134,7 @@ async def replay(planned: Sequence[PlannedRequest], window_s: float, progress=No
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(stream_completion(
-                session, p.base_url, p.index, p.model, p.prompt_ids, p.max_tokens)))
+                session, p.base_url, p.index, p.model, p.prompt, p.max_tokens)))
             if progress is not None:
                 progress.update(1)
         remaining = deadline - time.perf_counter()

@@ -31,6 +31,7 @@ class GpuWorkload:
     max_lora_rank: int
     adapters: tuple[Adapter, ...]
     requests: Requests
+    prompts: tuple | None = None    # per request, from --prompts (None: random token ids)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class PlanWorkload:
     seed: int
     threshold: float
     source: str      # "poisson" or the trace path
+    prompt_source: str = "random token ids of the length model's input lengths"
 
     @property
     def n_requests(self) -> int:
@@ -159,3 +161,24 @@ def prompt_ids(n_tokens: Sequence[int], seed: int, low: int = 1000, high: int = 
     profiled model's vocabulary, away from the special tokens at either end)."""
     rng = np.random.default_rng(seed)
     return [tuple(int(x) for x in rng.integers(low, high, int(n))) for n in n_tokens]
+
+
+def with_prompt_file(wl: PlanWorkload, path: str | Path) -> PlanWorkload:
+    """``wl`` with every request's prompt drawn from a prompt file (``twin.harness.prompt_file``;
+    GPU ``g`` draws with seed ``wl.seed + g``): input lengths become the prompts' lengths, for
+    the requests sent and the twin's prediction alike. Refuses a prompt longer than the KV
+    capacity of the smallest server of the plan."""
+    from twin.profile import load_profile
+
+    from .prompt_file import draw_prompts, load_prompts
+    pool = load_prompts(path)
+    caps = [load_profile(g.profile).kv_tokens(g.max_loras, g.max_lora_rank) for g in wl.gpus]
+    cap = min((c for c in caps if c), default=None)
+    gpus = []
+    for g in wl.gpus:
+        reqs, prompts = draw_prompts(g.requests, pool, wl.seed + g.gpu, max_tokens=cap)
+        gpus.append(replace(g, requests=reqs, prompts=prompts))
+    how = (f"{len(pool)} prompts of {pool.path}" +
+           (f" ({pool.estimated} lengths estimated as UTF-8 bytes / 4)" if pool.estimated else
+            " (exact lengths)"))
+    return replace(wl, gpus=tuple(gpus), prompt_source=how)

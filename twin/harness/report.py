@@ -22,7 +22,8 @@ def report_dict(r: VerifyResult) -> dict:
     return {
         "plan": wl.plan_path, "instance": wl.instance, "server": r.server_kind,
         "time_scale": r.time_scale, "window_s": wl.duration_s, "seed": wl.seed,
-        "workload": wl.source, "starvation_threshold": wl.threshold,
+        "workload": wl.source, "prompts": wl.prompt_source,
+        "starvation_threshold": wl.threshold,
         "requests_planned": wl.n_requests,
         "time_unit_note": "all times are twin (GPU) time: wall-clock x time_scale",
         "verdict": {"measured": "starved" if r.total_measured.starved else "ok",
@@ -76,7 +77,8 @@ def to_markdown(r: VerifyResult) -> str:
     lines = [f"# Plan verification: {wl.instance}", "",
              f"plan `{wl.plan_path}`, {len(r.gpus)} GPUs on {r.server_kind} servers, window "
              f"{wl.duration_s:g} s (twin time; time scale {r.time_scale:g}), workload "
-             f"{wl.source}, seed {wl.seed}, {wl.n_requests} requests planned. Verdicts: measured "
+             f"{wl.source}, prompts: {wl.prompt_source}, seed {wl.seed}, {wl.n_requests} "
+             "requests planned. Verdicts: measured "
              f"**{'starved' if r.total_measured.starved else 'ok'}**, twin "
              f"**{'starved' if r.total_twin.starved else 'ok'}**.", "",
              "## Total (all GPUs pooled)", "", *head,

@@ -102,7 +102,8 @@ def planned_requests(workload: PlanWorkload, urls: Sequence[str], time_scale: fl
     idx = 0
     for g, url in zip(workload.gpus, urls):
         r = g.requests
-        prompts = prompt_ids(r.input_len, seed=workload.seed + 1_000_003 * (g.gpu + 1))
+        prompts = g.prompts if g.prompts is not None else \
+            prompt_ids(r.input_len, seed=workload.seed + 1_000_003 * (g.gpu + 1))
         for k in range(len(r)):
             out.append(PlannedRequest(idx, float(r.arrival_s[k]) / time_scale, url,
                                       g.adapters[int(r.adapter[k])].id, prompts[k],
