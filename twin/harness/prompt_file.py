@@ -21,6 +21,7 @@ from typing import Union
 
 import numpy as np
 
+from twin.json_files import read_text_file
 from twin.serve.app import estimate_text_tokens
 from twin.workload import Requests
 
@@ -67,16 +68,7 @@ def _one(d: object, where: str) -> tuple[Prompt, int, bool]:
 def load_prompts(path: str | Path) -> PromptPool:
     """Read a JSON Lines prompt file (module docstring); errors name the file, line and field."""
     p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--prompts {p}: is a directory, not a JSON Lines file")
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ValueError(f"--prompts {p}: file not found") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"--prompts {p}: not a text (UTF-8 JSON Lines) file") from None
-    except OSError as e:
-        raise ValueError(f"--prompts {p}: cannot read ({e.strerror or e})") from None
+    lines = read_text_file(p, "--prompts", ValueError, kind="JSON Lines").splitlines()
     prompts, tokens, est = [], [], 0
     for i, line in enumerate(lines, 1):
         if not line.strip():
