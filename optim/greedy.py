@@ -277,28 +277,6 @@ def _routed(adapters: Sequence[Adapter], shares: Sequence[float]) -> list[Adapte
     return [a if s == 1.0 else replace(a, rate=a.rate * s) for a, s in zip(adapters, shares)]
 
 
-def _balanced(inst: Instance, adapters: Sequence[Adapter], shares: Sequence[float], k: int
-              ) -> list[list[int]] | None:
-    """``balance.balanced_members`` for items that may be shares of one adapter: largest routed
-    load first onto the least-loaded of the ``k`` GPUs not yet holding that adapter (None when
-    an adapter has more shares than GPUs). Without shares below 1 it is ``balanced_members``."""
-    if all(s == 1.0 for s in shares):
-        return balanced_members(inst, adapters, k)
-    loads = np.array([inst.load_tps(a) * s for a, s in zip(adapters, shares)])
-    members: list[list[int]] = [[] for _ in range(k)]
-    held: list[set[str]] = [set() for _ in range(k)]
-    gload = np.zeros(k)
-    for i in np.argsort(-loads, kind="stable"):
-        free = [g for g in range(k) if adapters[i].id not in held[g]]
-        if not free:
-            return None
-        g = min(free, key=lambda g: (gload[g], g))
-        members[g].append(int(i))
-        held[g].add(adapters[i].id)
-        gload[g] += loads[i]
-    return members
-
-
 def _distinct_prefix(queue: Sequence[int], ids: Sequence[str], limit: int) -> list[int]:
     """Up to ``limit`` positions of ``queue`` in order, skipping a share of an adapter already
     taken (two shares of one adapter never go on one GPU)."""
@@ -363,14 +341,14 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
             slots: Sequence[GpuType] | None = None,
             shares: Sequence[float] | None = None) -> list[GpuPlan] | None:
     """Every GPU of ``slots`` (default: every available GPU) used; largest load first onto the
-    least-loaded GPU (``_balanced``: shares of one adapter on distinct GPUs); None unless the
+    least-loaded GPU (``balanced_members``: shares of one adapter on distinct GPUs); None unless the
     surrogate accepts every GPU. ``phi_all``: the rows at the routed rates."""
     if slots is None:
         slots = [t for t in inst.gpu_types for _ in range(t.count)]
     if not slots:
         return None
     shares = [1.0] * len(adapters) if shares is None else list(shares)
-    members = _balanced(inst, adapters, shares, len(slots))
+    members = balanced_members(inst, adapters, len(slots), shares)
     if members is None:
         return None
     plans = []

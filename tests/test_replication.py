@@ -108,13 +108,14 @@ def _obj(inst):
 
 
 def test_spread_keeps_shares_of_one_adapter_on_distinct_gpus(monkeypatch):
+    from optim.balance import balanced_members
     monkeypatch.setattr(G, "load_fast_model", lambda profile: CapModel(100.0))
     inst = _cap_inst([180.0, 10.0, 10.0], k=2)
     ads, shares, _ = G.replicate(inst)
-    members = G._balanced(inst, ads, shares, 2)
+    members = balanced_members(inst, ads, 2, shares)
     for mem in members:
         assert len({ads[i].id for i in mem}) == len(mem)
-    assert G._balanced(inst, ads, shares, 1) is None        # two shares, one GPU: impossible
+    assert balanced_members(inst, ads, 1, shares) is None        # two shares, one GPU: impossible
 
 
 def test_greedy_names_an_adapter_beyond_k_gpus(monkeypatch):
