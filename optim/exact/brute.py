@@ -10,6 +10,7 @@ import itertools
 import math
 
 from .problem import PackingProblem, iter_partitions, type_assignments
+from .split import home_caps
 
 
 def brute_force(P: PackingProblem, max_adapters: int = 10
@@ -76,17 +77,11 @@ def brute_force_split(P: PackingProblem, max_adapters: int = 6
         value = sum(P.slot_weight(slots[g]) for g in on)
         if value >= best[0] - 1e-9:
             continue
-        cap: dict[int, int] = {}
-        for g, items in on.items():
-            x = sum(P.xs[i] for i in items)
-            mr = max(P.ranks[i] for i in items)
-            cs = [c.cap for c in P.types[slots[g]].configs
-                  if mr <= c.rank and c.x_lo <= x <= c.x_hi]
-            if not cs:
-                break
-            cap[g] = max(cs)
-        else:
-            if all(sum(P.loads[i] for i in A)
-                   <= sum(cap[g] for g in {g for i in A for g in homes[i]}) for A in subsets):
-                best = (value, sorted(on.items()))
+        best_caps = home_caps(P, [(slots[g], -1, items) for g, items in on.items()])
+        if any(p < 0 for _, p in best_caps):
+            continue
+        cap = {g: c for g, (c, _) in zip(on, best_caps)}
+        if all(sum(P.loads[i] for i in A)
+               <= sum(cap[g] for g in {g for i in A for g in homes[i]}) for A in subsets):
+            best = (value, sorted(on.items()))
     return None if best[1] is None else best

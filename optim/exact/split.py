@@ -84,8 +84,6 @@ def balance_shares(P: PackingProblem, r: SolveResult) -> SolveResult:
     return replace(r, gpus=gpus, shares=tuple(tuple(x) for x in shares), details=details)
 
 
-
-
 # --------------------------------------------------------------------------- starts
 def _admitting(P: PackingProblem, t: int, load: int, x: int, mr: int) -> int:
     """Index of the largest-capacity configuration of type ``t`` admitting (load, x, max rank),

@@ -67,9 +67,7 @@ def model_dims(model: str, model_config: str | Path | None = None) -> ModelDims:
     """Dimensions from ``model_config`` (a HF config.json) or the built-in table."""
     if model_config is not None:
         p = Path(model_config)
-        cfg = read_json_file(p, "--model-config", ValueError)
-        if not isinstance(cfg, dict):
-            raise ValueError(f"--model-config {p}: not a JSON object")
+        cfg = read_json_file(p, "--model-config", ValueError, expect_object=True)
         return ModelDims.from_hf_config(cfg, f"--model-config {p}")
     if model not in KNOWN_MODELS:
         raise ValueError(f"model {model!r}: dimensions unknown; pass --model-config with the "
