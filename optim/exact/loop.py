@@ -98,17 +98,10 @@ def heuristic_solution(inst: Instance, objective, P: PackingProblem, verify: boo
 def _as_solution(P: PackingProblem, p: Placement) -> list[tuple[int, list[int]]] | None:
     """A placement as (type index, adapter indices) per GPU; ``None`` when it is empty, splits
     adapters or uses a GPU type the problem does not have."""
-    if not p.gpus:
+    split = _as_split(P, p) if p.gpus else None
+    if split is None or any(s < 1 - 1e-9 for _, _, shares in split for s in shares):
         return None
-    idx = {a: i for i, a in enumerate(P.ids)}
-    tix = {t.name: k for k, t in enumerate(P.types)}
-    out = []
-    for g in p.gpus:
-        if any(s < 1 - 1e-9 for _, s in g.adapters) or g.gpu_type not in tix \
-                or any(a.id not in idx for a, _ in g.adapters):
-            return None
-        out.append((tix[g.gpu_type], [idx[a.id] for a, _ in g.adapters]))
-    return out
+    return [(t, items) for t, items, _ in split]
 
 
 def _as_split(P: PackingProblem, p: Placement) -> list[tuple[int, list[int], list[float]]] | None:
