@@ -381,6 +381,16 @@ class TransitionReport:
                 for k, v in vars(self).items()}
 
 
+def _followed_by(first, second, at_s: float):
+    """The requests of ``first``, then those of ``second`` shifted to start at ``at_s``
+    (``twin.workload.Requests``; ``first`` ends before ``at_s``, so the order holds)."""
+    from twin.workload import Requests
+    return Requests(np.concatenate([first.arrival_s, second.arrival_s + at_s]),
+                    np.concatenate([first.adapter, second.adapter]),
+                    np.concatenate([first.input_len, second.input_len]),
+                    np.concatenate([first.output_len, second.output_len]))
+
+
 def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[int | None],
                       inst: Instance, warmup_s: float = TRANSITION_WARMUP_S,
                       after_s: float = TRANSITION_AFTER_S) -> TransitionReport:
@@ -451,10 +461,8 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
                            inst.lengths, seed=np.random.default_rng([inst.seed, 0]))
     ra = generate_requests(inst.adapters, float(after_s), inst.lengths,
                            seed=np.random.default_rng([inst.seed, 1]))
-    req = Requests(np.concatenate([rb.arrival_s, ra.arrival_s + warmup_s]),
-                   np.concatenate([idx_b[rb.adapter], ra.adapter]),
-                   np.concatenate([rb.input_len, ra.input_len]),
-                   np.concatenate([rb.output_len, ra.output_len]))
+    req = _followed_by(Requests(rb.arrival_s, idx_b[rb.adapter], rb.input_len, rb.output_len),
+                       ra, warmup_s)
     res = simulate_routed(plan, adapters, req, make_router("static", inst.seed), dur,
                           switch=switch)
     # the new plan in steady state on the same requests after the switch (warmed up at the
@@ -462,10 +470,7 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     n = len(inst.adapters)
     rw = generate_requests(inst.adapters, float(warmup_s), inst.lengths,
                            seed=np.random.default_rng([inst.seed, 2]))
-    req_s = Requests(np.concatenate([rw.arrival_s, ra.arrival_s + warmup_s]),
-                     np.concatenate([rw.adapter, ra.adapter]),
-                     np.concatenate([rw.input_len, ra.input_len]),
-                     np.concatenate([rw.output_len, ra.output_len]))
+    req_s = _followed_by(rw, ra, warmup_s)
     steady = simulate_routed(RoutingPlan(tuple(gpus), after_h[:n], after_w[:n]), adapters[:n],
                              req_s, make_router("static", inst.seed), dur)
 
