@@ -254,8 +254,7 @@ def config_index(inst, workers: int | None = None, quiet: bool = True,
     on disk; see the module docstring), measured with the verification window ``duration_s``
     (default: the instance's)."""
     if duration_s is not None:
-        from dataclasses import replace as _replace
-        inst = _replace(inst, duration_s=float(duration_s))
+        inst = replace(inst, duration_s=float(duration_s))
     seeds = [inst.seed + s for s in range(CAPACITY_SEEDS)]
     specs = config_specs(inst)
     if not specs:

@@ -279,13 +279,13 @@ class Placement:
                     "--max-cpu-loras", str(max(n, g.max_loras)),
                     "--max-lora-rank", str(g.max_lora_rank), "--lora-modules",
                     *[f"{a.id}={adapter_dir}/{a.id}" for a, _ in g.adapters]]
+            line = None if sm is None else _serve_line(sm, args)
             out.append({"gpu": i, "gpu_type": g.gpu_type, "profile": g.profile, "model": base,
                         "args": args, "routing": {a.id: s for a, s in g.adapters},
-                        **({"command": None, "serve_command": None, "model_id": None,
-                            "model_id_source": why,
+                        "command": line, "serve_command": line,
+                        **({"model_id": None, "model_id_source": why,
                             "server_args": None, "env": None} if sm is None else
-                           {"command": _serve_line(sm, args), "serve_command": _serve_line(sm, args),
-                            "model_id": sm.model_id, "model_id_source": sm.model_id_source,
+                           {"model_id": sm.model_id, "model_id_source": sm.model_id_source,
                             "server_args": list(sm.flags), "env": dict(sm.env)})})
         return out
 
