@@ -103,12 +103,17 @@ def health_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _tail(path: Path, n: int = 8) -> str:
+def read_log(path: Path | None) -> str | None:
+    """A server's log text (undecodable bytes replaced), None without a path or when it cannot
+    be read."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        return Path(path).read_text(errors="replace") if path else None
     except OSError:
-        return ""
-    return " | ".join(lines[-n:])
+        return None
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    return " | ".join((read_log(path) or "").splitlines()[-n:])
 
 
 def _wait_ready(proc: subprocess.Popen, log: Path, url: str | None, timeout_s: float,

@@ -574,12 +574,9 @@ class Profiler:
         """KV capacity of a launched server (``/metrics``, else its start-up log; see
         :func:`twin.harness.client.kv_cache_tokens`) and the model's max_model_len."""
         from .client import get_json, kv_cache_tokens, scrape_metrics
+        from .launch import read_log
         url = server.url
-        try:
-            log = server.log.read_text(errors="replace")
-        except OSError:
-            log = None
-        kv = kv_cache_tokens(scrape_metrics(url), log)
+        kv = kv_cache_tokens(scrape_metrics(url), read_log(server.log))
         for m in get_json(f"{url}/v1/models").get("data", []):
             if m.get("max_model_len") and not m.get("parent"):
                 self.max_model_len = int(m["max_model_len"])

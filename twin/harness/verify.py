@@ -26,7 +26,7 @@ from twin.workload import Requests
 
 from .client import (PlannedRequest, RequestResult, kv_cache_tokens, metric_value, replay,
                      scrape_metrics, served_models)
-from .launch import ServerSpec
+from .launch import ServerSpec, read_log
 from .measurement import ServingMetrics, relative_differences, serving_metrics
 from .plan_workload import GpuWorkload, PlanWorkload, prompt_ids
 
@@ -264,7 +264,7 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
         twin_hist += run.itl_hist
         try:
             samples = scrape_metrics(url)
-            kv = kv_cache_tokens(samples, _read_log(logs[g.gpu] if logs else None))
+            kv = kv_cache_tokens(samples, read_log(logs[g.gpu] if logs else None))
             pre = metric_value(samples, "vllm:num_preemptions_total")
             lag = metric_value(samples, "twin:virtual_clock_lag_seconds")
             # the gauge is the largest lag since start: count it only if the run raised it
@@ -296,13 +296,6 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
     total_t = _with_starved(total_t, any(o.twin.starved for o in outcomes))
     return VerifyResult(workload, float(time_scale), server_kind, tuple(outcomes), total_m,
                         total_t)
-
-
-def _read_log(path: Path | None) -> str | None:
-    try:
-        return Path(path).read_text(errors="replace") if path else None
-    except OSError:
-        return None
 
 
 def _with_starved(m: ServingMetrics, starved: bool) -> ServingMetrics:
