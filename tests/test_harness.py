@@ -101,21 +101,15 @@ def test_profile_round_trip_recovers_the_served_profile(tmp_path):
     fitted, rep = calibrate(tmp_path / "data", PROFILE)
     checks = {c.name: c for c in coefficient_checks(ref, fitted)}
     # identified by this subset: the knee term needs more batch sizes (in `--study quick`:
-    # experiments/profile_round_trip.py, README); the context term trades with the knee here
-    # (asserted within 10 %); the per-slot-and-token term c6 is pinned by the LoRA prefill
+    # experiments/profile_round_trip.py, README); the per-slot-and-token term c6 is pinned by the LoRA prefill
     # windows at 8 and 64 slots, the rank term c10 by those at max_lora_rank 32 against 8, the
     # waiting-queue term c9 by the full-adapter decode windows (8 and 64 slots, at least 2
     # requests per slot) with and without 2000 skipped requests queued behind them
-    for name in ("base_ms", "per_token_ms", "lora_base_ms", "per_token_kslot_ms",
-                 "per_lora_tile_ms"):
+    # (6 runs at load average 2-4: every one of these within 2.2 %; before windows waited for
+    # the whole run to arrive and for every adapter, c3 was off by up to 50 % and c9 by 67 %)
+    for name in ("base_ms", "per_token_ms", "per_kctx_ms", "lora_base_ms", "per_token_kslot_ms",
+                 "per_lora_tile_ms", "per_kwaiting_ms", "rank_scale"):
         assert abs(checks[name].relative_error) <= 0.05, checks[name]
-    # c9 and c10 are not pinned reliably by this subset: with 1000 or 2000 queued fillers, 9
-    # runs on this machine gave c9 within 5 % in 5 (the others +6 %, +8.5 %, +11 %, -67 %) and
-    # c10 within 3 % but once +3.5 %.
-    # Asserted here: both present and of the right size (issue 16 keeps the 5 % target open).
-    assert 0.0 < checks["per_kwaiting_ms"].fitted < 2.0 * checks["per_kwaiting_ms"].reference
-    assert abs(checks["rank_scale"].relative_error) <= 0.10, checks["rank_scale"]
-    assert abs(checks["per_kctx_ms"].relative_error) <= 0.10, checks["per_kctx_ms"]
     assert abs(slot_cost_error(ref, fitted)) <= 0.05
     assert rep["rank_term"]["window_ranks"] == [8, 32]
     for name in ("per_seq_ms", "per_adapter_ms"):
@@ -254,8 +248,33 @@ def test_lockstep_windows_span_whole_periods_of_a_saturated_server():
     assert _intervals(sc, P) == [(0, 2), (5, 6)]
     assert _intervals(sc, P, after=3) == [(5, 6)]
     assert _intervals(sc, None) == [(i, i + 1) for i in range(7)]
+    assert _intervals(sc, None, after=5) == [(5, 6), (6, 7)]
     # gap-weighted trapezoid: (55 * 490 + 46 * 470) / 101
     assert _mean_waiting(sc, 0, 2) == pytest.approx((55 * 490 + 46 * 470) / 101)
+
+
+def test_windows_start_when_the_server_holds_the_run_and_every_adapter():
+    """Prompt-only windows start once the server holds every request (before, a server faster
+    than the client empties the queue between scrapes: part-full steps, whatever the gauge says
+    at the ends); LoRA windows need every adapter of the run in the batch at both ends."""
+    from twin.harness.profile_runs import RunResult, Scrape, _windows
+
+    def sc(t, waiting, gaps, adapters):
+        return Scrape(t, 3, waiting, 0.055 * gaps, gaps, 0.0, 0.0, 0.0, adapters)
+
+    scrapes = (sc(0.0, 0, 0, 4), sc(1.0, 14, 20, 4), sc(2.0, 600, 40, 4), sc(3.0, 560, 60, 3),
+               sc(4.0, 520, 80, 4), sc(5.0, 480, 100, 4), sc(6.0, 440, 120, 4))
+    base = {"input_len_set": 1000, "output_len_set": 2}
+    run = RunResult(scrapes, (), 0, 0, 6.0, arrived_wall=2.0)
+    starts = [w["window_start_s"] for w in _windows(run, base, 0, prefill_budget=2048)]
+    assert starts == [2.0, 3.0, 4.0, 5.0]
+    # with 4 adapters in the run, the windows that end or start at the 3-adapter scrape go
+    starts = [w["window_start_s"] for w in _windows(run, base, 4, prefill_budget=2048)]
+    assert starts == [4.0, 5.0]
+    # released from blockers: the first interval after the queue starts to shrink is skipped
+    blocked = RunResult(scrapes, (), 0, 0, 6.0, arrived_wall=2.0, blockers=8)
+    starts = [w["window_start_s"] for w in _windows(blocked, base, 0, prefill_budget=2048)]
+    assert starts == [4.0, 5.0]
 
 
 def _cli(args, tmp_path):

@@ -28,7 +28,8 @@ calibration CSV schema (``<out>/calibration/*.csv``, columns as in the shared da
   calibrate`` fits the per-slot-and-token cost c6 and the rank term c10. Only windows with
   requests waiting throughout (a saturated server) are kept.
 * ``step_latency_runs.csv`` — one row per run (totals of the run's own requests, mean
-  ITL/TTFT, KV capacity, the numbers of blockers and queue fillers). vLLM does not expose the
+  ITL/TTFT, KV capacity, the numbers of blockers and queue fillers, ``attempts``: a run that
+  gave no saturated window is repeated, up to three times). vLLM does not expose the
   scheduler's own time: those columns stay empty and ``twin calibrate`` then fits the
   waiting-queue term with the step time.
 * ``memory_capacity.csv`` — KV tokens = ``num_gpu_blocks x block_size`` of
@@ -88,6 +89,7 @@ CONNECTIONS = _connection_limit()
 SLOW_SERVER_SEQS = 192
 SLOW_SERVER_SEQS_PER_X = 96.0
 RUN_TIMEOUT_S = 3600.0      # wall bound of one run
+RUN_ATTEMPTS = 3            # a run without a saturated window is repeated up to this often
 
 
 @dataclass(frozen=True)
@@ -364,12 +366,13 @@ def _intervals(sc: Sequence[Scrape], period_gaps: float | None,
     periods every running slot sweeps its request's whole context range, whatever the phases
     of the cohorts, so the window's mean context is the steady-state one. Counted in
     server-recorded gaps, the cut does not depend on how fast the client or server ran (a
-    loaded client scrapes less often; longer spans keep the windows). A period window starts at
-    or after ``after`` and has more than ``fillers`` requests waiting at every scrape in it (a
+    loaded client scrapes less often; longer spans keep the windows). Every window starts at
+    or after ``after``; a period window has more than ``fillers`` requests waiting at every scrape in it (a
     run's own requests, not only queue fillers: once those are all admitted, the batch thins
     out and takes fillers)."""
     if not period_gaps:
-        return [(i, i + 1) for i in range(len(sc) - 1)]
+        return [(i, i + 1) for i in range(len(sc) - 1)
+                if after is None or sc[i].wall >= after]
     ok = [x.waiting > fillers and x.running > 0 and (after is None or x.wall >= after)
           for x in sc]
     out, i = [], 0
@@ -465,15 +468,23 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
         ctx = _prefill_ctx(inl, prefill_budget)
     else:
         ctx = np.nan
-    after = run.arrived_wall if period_gaps else None
+    # windows start once the server holds every request of the run: from then on the queue
+    # only shrinks, so requests waiting at both ends of a window waited throughout it (before,
+    # a server faster than the client drains the queue between scrapes and runs part-full
+    # steps: 1 % short prefill steps in one window moved the context term c3 by 20 %)
+    after = run.arrived_wall
     if after is not None and run.blockers:
         # released from blockers: the server aborts them when it notices the closed connections,
         # then admits the first cohort (the queue shrinks), whose first period holds its
-        # adapter loads: windows start a period after that
+        # adapter loads: windows start a period after that (a prompt-only run: one scrape
+        # interval after that, while its steps' context reaches the steady state)
         k0 = next((k for k, x in enumerate(sc) if x.wall >= after), len(sc) - 1)
         k0 = next((k for k in range(k0, len(sc)) if sc[k].waiting < sc[k0].waiting), k0)
-        k1 = next((k for k in range(k0, len(sc))
-                   if sc[k].tpot_count >= sc[k0].tpot_count + period_gaps), None)
+        if period_gaps:
+            k1 = next((k for k in range(k0, len(sc))
+                       if sc[k].tpot_count >= sc[k0].tpot_count + period_gaps), None)
+        else:
+            k1 = k0 + 1 if k0 + 1 < len(sc) else None
         after = sc[k1].wall if k1 is not None else float("inf")
     for i, j in _intervals(sc, period_gaps, after, run.fillers):
         a, b = sc[i], sc[j]
@@ -484,6 +495,11 @@ def _windows(run: RunResult, base: dict, restrict: int, lockstep: bool = False,
         # were admitted shows fewer running; one a period later shows the same dip (same
         # phase) and would pass calibrate's equality test with the wrong batch size
         if period_gaps and (a.running < full or b.running < full):
+            continue
+        # a LoRA window counts only while the batch holds every adapter of the run: in cohorts
+        # admitted unevenly it holds fewer for a while (54 of 64 in one run), its steps are
+        # shorter and, below max_loras adapters, scan no queue, which calibrate cannot tell
+        if restrict and min(a.running_adapters, b.running_adapters) < restrict:
             continue
         rows.append({**base, "window_start_s": a.wall - sc[0].wall, "window_len_s": b.wall - a.wall,
                      "n_steps": np.nan,
@@ -542,6 +558,12 @@ class Profiler:
         if self.bar is not None:
             self.bar.set_postfix_str(msg[:60])
 
+    def warn(self, msg: str) -> None:
+        """A line on stderr (above the progress bar) unless quiet."""
+        if not self.quiet:
+            from tqdm import tqdm
+            tqdm.write(f"twin.harness profile: {msg}", file=sys.stderr)
+
     def _spec(self, setup: ServerSetup):
         from .launch import ServerSpec
         mods = tuple((n, str(self.adapter_dirs[r].resolve()))
@@ -595,7 +617,7 @@ class Profiler:
         if restrict:   # pre-load the adapters (one request each), as the original study did,
             asyncio.run(self._sequential(url, models))   # so no window holds a first load
         filler = (setup.filler_adapter, queue) if queue else None
-        blockers = self.blockers(setup, kv) if period_steps else None
+        blockers = self.blockers(setup, kv)
         run = asyncio.run(_saturated(url, models, n_prompts, inl, outl, self.a.window_s,
                                      self.a.time_scale, self.a.seed + len(self.tables.runs),
                                      period_steps, filler, blockers))
@@ -651,20 +673,35 @@ class Profiler:
         (nothing waits behind it, so no window ends in it)."""
         return setup.max_num_seqs * (int(np.ceil(self.plan.steady_steps / outl)) + 2)
 
-    def decode_run(self, setup: ServerSetup, study: str, url: str, kv: int | None, restrict: int,
-                   inl: int, outl: int, queue: int = 0) -> list[dict]:
-        n_prompts = self.n_prompts(setup, outl)
-        info, run = self.run_base(setup, study, url, kv, restrict, inl, outl, n_prompts,
-                                  period_steps=outl + 1, queue=queue)
-        wins = _windows(run, info["base"], restrict, lockstep=inl == 1,
-                        period_gaps=setup.max_num_seqs * (outl - 1) if inl == 1 else None)
-        scale = self.a.time_scale
+    def _attempts(self, what: str, once) -> tuple[dict, RunResult, list[dict]]:
+        """Run ``once()`` -> (info, run, windows) until it yields a window, at most
+        ``RUN_ATTEMPTS`` times (a busy machine or a hiccup can leave a run without a
+        saturated stretch of whole periods); record the last attempt's run row and windows."""
+        for attempt in range(1, RUN_ATTEMPTS + 1):
+            info, run, wins = once()
+            if wins:
+                break
+            self.warn(f"{what}: no saturated window in attempt {attempt} of {RUN_ATTEMPTS}"
+                     + ("; running it again" if attempt < RUN_ATTEMPTS else "; left out"))
         row = info["row"]
-        row["duration_s"] = run.wall_s * scale
+        row["attempts"] = attempt
+        row["duration_s"] = run.wall_s * self.a.time_scale
         row["total_throughput_tps"] = (run.input_tokens + run.output_tokens) / row["duration_s"]
         self.tables.runs.append(row)
         self.tables.windows.extend(wins)
-        return wins
+        return info, run, wins
+
+    def decode_run(self, setup: ServerSetup, study: str, url: str, kv: int | None, restrict: int,
+                   inl: int, outl: int, queue: int = 0) -> list[dict]:
+        n_prompts = self.n_prompts(setup, outl)
+
+        def once():
+            info, run = self.run_base(setup, study, url, kv, restrict, inl, outl, n_prompts,
+                                      period_steps=outl + 1, queue=queue)
+            return info, run, _windows(run, info["base"], restrict, lockstep=inl == 1,
+                                       period_gaps=(setup.max_num_seqs * (outl - 1)
+                                                    if inl == 1 else None))
+        return self._attempts(f"{study} K{restrict} in{inl} out{outl} Q{queue}", once)[2]
 
     def prefill_run(self, setup: ServerSetup, url: str, kv: int | None, inl: int,
                     restrict: int = 0, study: str = "prefill_baseline") -> None:
@@ -676,13 +713,12 @@ class Profiler:
         windows, whose token count varies little, cannot."""
         n_prompts = min(int(np.ceil(self.plan.steady_steps * self.a.max_num_batched_tokens / inl)),
                         CONNECTIONS)
-        info, run = self.run_base(setup, study, url, kv, restrict, inl, 2, n_prompts)
-        row = info["row"]
-        row["duration_s"] = run.wall_s * self.a.time_scale
-        row["total_throughput_tps"] = (run.input_tokens + run.output_tokens) / row["duration_s"]
-        self.tables.runs.append(row)
-        self.tables.windows.extend(_windows(run, info["base"], restrict,
-                                            prefill_budget=self.a.max_num_batched_tokens))
+
+        def once():
+            info, run = self.run_base(setup, study, url, kv, restrict, inl, 2, n_prompts)
+            return info, run, _windows(run, info["base"], restrict,
+                                       prefill_budget=self.a.max_num_batched_tokens)
+        self._attempts(f"{study} K{restrict} in{inl}", once)
 
     # ---------------------------------------------------------------- studies
     def run_all(self, plan: StudyPlan) -> None:
@@ -768,7 +804,7 @@ class Profiler:
         decode step moves by well under one percent; read against the rank-8 LoRA prefill
         windows of the same slot counts, ``twin calibrate`` fits c10 with the other terms."""
         for a_slots, r, seqs in self._rank_servers(plan):
-            setup = ServerSetup(a_slots, r, seqs, (r,))
+            setup = ServerSetup(a_slots, r, seqs, (r,) * (1 + a_slots), blockers=a_slots)
             self.say(f"rank study max_loras {a_slots} max_lora_rank {r}")
             with self.start(setup) as servers:
                 url = servers[0].url
