@@ -27,15 +27,20 @@ Moves = loads of adapters that already existed onto a GPU that did not hold them
 window = the twin rejected that window's plan. The switch-over into each window (1..W-1) is
 replayed in the routed fleet twin for resolve and replan (``optim.replan.replay_transition``:
 the previous plan serves the previous window's rates for 120 s, then the window's rates and
-the new plan take over for 300 s;
-moved adapters pay their load time on the new GPU, old homes drain, restarted servers start
-after draining); a starved switch-over = some GPU's throughput after the switch below the
-starvation threshold x its offered load (and below the new plan's own in steady state on the
-same requests), or more late requests (first token after > 30 s) than in that steady state. Prints a per-window table
+the new plan take over for 300 s, make-before-break with staggered restarts: a moved adapter
+stays on its old homes until its new home has loaded it, restarted servers go one at a time
+and their adapters are bridged to other serving GPUs meanwhile; the re-plan also prefers a
+candidate whose switch-over does not starve, and says on stderr when every candidate's
+starves); a starved switch-over = some GPU's completed / offered tokens of the requests
+arriving after the switch below the starvation threshold (and below the new plan's own in
+steady state on the same requests), or more late requests (first token after > 30 s) than in
+that steady state. Prints a per-window table
 (``*_switch_late`` / ``*_steady_late``: late requests after the switch / in steady state,
 ``*_switch_ok``: not starved, ``replan_drain_s``: the longest an old home drained,
-``replan_restarts``: servers restarted, ``replan_min_gpu_tput``: the lowest GPU throughput /
-offered after the switch), the starved switch-overs,
+``replan_restarts``: servers restarted, ``replan_bridged``: requests bridged to another GPU
+during a restart, ``replan_on_old_s``: the longest a moved adapter stayed on its old homes,
+``replan_min_gpu_tput``: the lowest GPU's completed / offered tokens of the requests arriving
+after the switch), the starved switch-overs,
 writes a plot (GPUs and moves per window, three methods) and ends with
 ``replan_moves_vs_resolve=<r> replan_gpu_hours_vs_resolve=<g> starved_windows=<k>`` (k: the
 re-plan's starved windows). ``--quick``: 48 adapters, 8 windows, 600 s twin windows.
@@ -177,6 +182,9 @@ def run(args: argparse.Namespace) -> dict:
             t_replan = time.perf_counter() - t0
             rp, rp_moves, cand = res.placement, res.churn.moves, res.candidate
             rp_tr = rp.params["replan"]["transition"]
+            if rp.params["replan"]["transition_choice"]:
+                print(f"window {win.index}: {rp.params['replan']['transition_choice']}",
+                      file=sys.stderr)
             inc = rp.params["replan"]["candidates"]["incremental"]
             row.update({"incr_gpus": inc["gpus"], "incr_moves": inc["moves"]})
             static = static_plan(prev_static, inst, args.duration)
@@ -190,6 +198,8 @@ def run(args: argparse.Namespace) -> dict:
                         f"{k}_before_p99_s": math.nan if tr is None else tr["p99_ttft_s_before"],
                         f"{k}_drain_s": 0.0 if tr is None else tr["max_drain_s"],
                         f"{k}_restarts": 0 if tr is None else tr["restarts"],
+                        f"{k}_bridged": 0 if tr is None else tr["bridged"],
+                        f"{k}_on_old_s": 0.0 if tr is None else tr["max_on_old_homes_s"],
                         f"{k}_min_gpu_tput": 1.0 if tr is None else
                         tr["min_gpu_throughput_over_offered"],
                         f"{k}_min_gpu_tput_steady": 1.0 if tr is None else
@@ -284,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             "replan_moves", "replan_ok", "replan_from", "incr_gpus", "incr_moves",
             "resolve_switch_late", "resolve_steady_late", "resolve_switch_ok",
             "replan_switch_late", "replan_steady_late", "replan_switch_ok", "replan_drain_s",
-            "replan_restarts", "replan_min_gpu_tput", "resolve_s", "replan_s"]
+            "replan_restarts", "replan_bridged", "replan_on_old_s", "replan_min_gpu_tput",
+            "resolve_s", "replan_s"]
     import pandas as pd
     print(markdown_table(pd.DataFrame(s["rows"])[cols]))
     print(f"GPU-hours: static {s['gpu_hours']['static']:.0f}, resolve "

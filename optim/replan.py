@@ -38,15 +38,23 @@ hold, *moves* = those loads of adapters that existed before (a relocation; a new
 first load is not a move), *unloads* = homes given up, GPUs added / removed, and *restarts* =
 kept GPUs whose Amax or max rank changed.
 
-**Transition** (``ReplanOptions.transition``, on by default): the chosen plan's switch-over is
-replayed in the routed fleet twin (``replay_transition``): the previous plan serves the new
-rates for ``TRANSITION_WARMUP_S``, then the new routing takes over; moved adapters pay the
-measured load time on their new GPU, old homes drain their in-flight requests, restarted
-servers start after draining. The report (late and unfinished requests against the new plan
-in steady state, TTFT, throughput, drain and restart times; ``starved``: the twin's
-starvation rule fails over the switch-over window where the new plan in steady state passes
-it or does better, or more requests are late than in steady state) is stored in
-``params.replan.transition``.
+**Transition** (``ReplanOptions.transition``, on by default): each candidate's switch-over is
+replayed in the routed fleet twin (``replay_transition``): the previous plan serves its own
+rates for ``TRANSITION_WARMUP_S``, then the new rates and the new routing take over. By default
+(``ReplanOptions.gentle_switch``) the switch is make-before-break with staggered restarts
+(``twin.routing.PlanSwitch``, ``gentle``): a moved adapter stays on its old homes until its new
+home is up and has loaded it, restarted servers go one at a time (the next when the previous
+is up), and the adapters of a server that is restarting go to the other serving GPUs
+meanwhile; otherwise the switch is abrupt (moves at once, every restart at the switch, its
+requests waiting for the new server). The report (late and unfinished requests against the new
+plan in steady state, TTFT, throughput, drain and restart times, the restart schedule;
+``starved``: the twin's starvation rule fails over the switch-over window where the new plan in
+steady state passes it or does better, or more requests are late than in steady state) is
+stored in ``params.replan.transition``. The choice then also weighs the switch-over: among the
+candidates in the order above (twin-accepted ones only, when there are), the first whose
+switch-over does not starve wins; when all starve, the least damaging one (fewest late and
+unfinished requests beyond steady state, then the smallest per-GPU throughput shortfall), and
+``params.replan.transition_choice`` says so.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -79,6 +87,7 @@ class ReplanOptions:
     max_rounds: int = 8
     max_drain_attempts: int = 4
     transition: bool = True      # replay the switch-over in the routed fleet twin
+    gentle_switch: bool = True   # ... make-before-break with staggered restarts
 
     def __post_init__(self) -> None:
         if not (self.churn_weight >= 0 and np.isfinite(self.churn_weight)):
@@ -346,16 +355,23 @@ class TransitionReport:
     ``*_steady`` counts are the same requests served by the new plan in steady state (no
     switch), so ``late - late_steady`` is what the switch itself costs. ``p99_ttft_s`` (after
     the switch) and ``p99_ttft_s_before`` (the previous plan at its own rates): completed
-    requests. ``throughput_over_offered``: tokens completed after the switch / tokens arriving
-    after it, fleet-wide; ``min_gpu_throughput_over_offered``: the same per GPU serving after
-    the switch, the lowest. ``new_homes``: (adapter, GPU) pairs loaded at the switch;
-    ``restarts``: servers restarted with a new configuration (they start after draining);
+    requests. ``throughput_over_offered``: tokens of the requests arriving after the switch
+    that completed by the end / their tokens, fleet-wide; ``min_gpu_throughput_over_offered``:
+    the same per GPU that served such requests, the lowest (requests that arrived before the
+    switch are left out: counting their completions would credit a GPU for the backlog the
+    previous plan left it, which differs from the steady state's). ``new_homes``: (adapter,
+    GPU) pairs loaded at the switch; ``restarts``: servers restarted with a new configuration;
     ``max_drain_s``: the longest an old home kept serving an adapter that left it (inf: not
     drained by the end); ``max_restart_wait_s``: the longest a restarted server took from the
-    switch to its first token. ``starved``: the switch makes the fleet starve — over the
-    switch-over window some GPU's throughput is below the instance's threshold x its offered
-    load (the twin's rule) and below the new plan's lowest in steady state, or more requests
-    are late than in steady state."""
+    switch to its first token. ``gentle``: make-before-break with staggered restarts;
+    ``restart_schedule``: per restarted server (new GPU index, previous GPU index, restart
+    begin, server up; seconds after the switch, nan: not within the window);
+    ``max_on_old_homes_s``: the longest a moved adapter's traffic stayed (partly) on its old
+    homes; ``bridged``: requests served by another GPU while their adapter's servers were
+    restarting; ``waited``: requests sent to a server that was not yet up. ``starved``: the
+    switch makes the fleet starve — over the switch-over window some GPU's throughput is below
+    the instance's threshold x its offered load (the twin's rule) and below the new plan's
+    lowest in steady state, or more requests are late than in steady state."""
 
     switch_s: float
     duration_s: float
@@ -374,11 +390,29 @@ class TransitionReport:
     max_drain_s: float
     max_restart_wait_s: float
     starved: bool
+    gentle: bool = False
+    restart_schedule: tuple[tuple[int, int, float, float], ...] = ()
+    max_on_old_homes_s: float = 0.0
+    bridged: int = 0
+    waited: int = 0
+
+    def damage(self) -> tuple[int, float]:
+        """How much worse than steady state: (late + unfinished requests beyond it, shortfall
+        of the lowest GPU's throughput / offered below it)."""
+        return (max(self.late - self.late_steady, 0)
+                + max(self.unfinished - self.unfinished_steady, 0),
+                max(self.min_gpu_throughput_over_offered_steady
+                    - self.min_gpu_throughput_over_offered, 0.0))
 
     def to_dict(self) -> dict:
-        return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else
-                    int(v) if isinstance(v, (int, np.integer)) else float(v))
-                for k, v in vars(self).items()}
+        def val(v):
+            if isinstance(v, (bool, np.bool_)):
+                return bool(v)
+            return int(v) if isinstance(v, (int, np.integer)) else float(v)
+        out = {k: val(v) for k, v in vars(self).items() if k != "restart_schedule"}
+        out["restart_schedule"] = [{"gpu": int(j), "previous": int(o), "begin_s": float(b),
+                                    "up_s": float(u)} for j, o, b, u in self.restart_schedule]
+        return out
 
 
 def _followed_by(first, second, at_s: float):
@@ -393,16 +427,21 @@ def _followed_by(first, second, at_s: float):
 
 def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[int | None],
                       inst: Instance, warmup_s: float = TRANSITION_WARMUP_S,
-                      after_s: float = TRANSITION_AFTER_S) -> TransitionReport:
+                      after_s: float = TRANSITION_AFTER_S, gentle: bool = True,
+                      restart_s: float = 0.0) -> TransitionReport:
     """Replay the switch from ``prev`` to ``new`` (new GPU ``j`` in the place of previous GPU
     ``origin[j]``) in the routed fleet twin (``twin.routing.PlanSwitch``): for ``warmup_s`` the
     previous plan serves the rates it was made for (its adapters' rates: a steady state), then
     the rates become ``inst``'s and the new plan's routing takes over for ``after_s`` — the
     re-plan taking effect at the window boundary. Adapters on a GPU that did not hold them pay
     the measured load time there; old homes drain what they hold; a kept GPU whose Amax or max
-    rank changed restarts (its old server drains, then the new one starts cold) and an added GPU
-    starts cold. Requests are routed by the plans' weights (the ``static`` router); new adapters
-    have requests from the switch on, retired ones until it. Seeded by the instance's seed."""
+    rank changed restarts (its old server drains, then the new one starts cold ``restart_s``
+    later) and an added GPU starts cold. ``gentle``: make-before-break with staggered restarts
+    (moved adapters stay on their old homes until the new one has loaded them; one restart at a
+    time, in GPU order; the adapters of a restarting server go to the other serving GPUs),
+    else every move and restart at once. Requests are routed by the plans' weights (the
+    ``static`` router); new adapters have requests from the switch on, retired ones until it.
+    Seeded by the instance's seed."""
     from twin.profile import load_profile
     from twin.routing import PlanSwitch, RoutedGpu, RoutingPlan, make_router, simulate_routed
     from twin.workload import Requests, generate_requests
@@ -453,7 +492,8 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     if any(not h for h in after_h[:len(inst.adapters)]):
         raise ValueError("new plan: some adapter of the instance has no home")
     plan = RoutingPlan(tuple(gpus), before_h, before_w)
-    switch = PlanSwitch(float(warmup_s), after_h, after_w, tuple(starts_after))
+    switch = PlanSwitch(float(warmup_s), after_h, after_w, tuple(starts_after), gentle=gentle,
+                        restart_s=float(restart_s))
     dur = float(warmup_s + after_s)
     # before the switch: the previous plan's rates; after it: the instance's
     idx_b = np.array([i for i, a in enumerate(adapters) if a.id in old_rate], np.int64)
@@ -492,24 +532,21 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
         m = m & done
         return float(np.quantile(ttft[m], 0.99)) if m.any() else float("nan")
 
-    tokens = (req.input_len.astype(np.int64) + req.output_len)
-    fin_after = done & (res.finish_t >= warmup_s)
-    ratio = float(tokens[fin_after].sum() / max(tokens[after].sum(), 1))
-
-    def worst_gpu(r, rq) -> float:
-        """Lowest throughput / offered after the switch over the GPUs serving then (the
-        twin's per-GPU starvation rule)."""
+    def completed(r, rq) -> tuple[float, float]:
+        """(fleet-wide, lowest per GPU) tokens of the requests arriving after the switch that
+        completed by the end / their tokens (the twin's per-GPU starvation rule)."""
         tok = rq.input_len.astype(np.int64) + rq.output_len
         aft = rq.arrival_s >= warmup_s
-        fin = (r.finish_t >= warmup_s) & (r.finish_t <= dur)
-        out = math.inf
-        for g in {u for hs in after_h for u in hs}:
+        fin = aft & (r.finish_t >= 0) & (r.finish_t <= dur)
+        worst = math.inf
+        for g in np.unique(r.gpu[aft & (r.gpu >= 0)]):
             offered = tok[aft & (r.gpu == g)].sum()
-            if offered > 0:
-                out = min(out, float(tok[fin & (r.gpu == g)].sum() / offered))
-        return out if math.isfinite(out) else 1.0
+            worst = min(worst, float(tok[fin & (r.gpu == g)].sum() / offered))
+        fleet = float(tok[fin].sum() / max(tok[aft].sum(), 1))
+        return fleet, (worst if math.isfinite(worst) else 1.0)
 
-    worst, worst_steady = worst_gpu(res, req), worst_gpu(steady, req_s)
+    ratio, worst = completed(res, req)
+    worst_steady = completed(steady, req_s)[1]
     new_homes = sum(len(set(a) - set(b)) for a, b in zip(after_h, before_h))
     drain = 0.0
     for i, (hb, ha) in enumerate(zip(before_h, after_h)):
@@ -524,12 +561,19 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
             m = res.gpu == g
             if m.any():
                 restart_wait = max(restart_wait, float(first[m].min() - warmup_s))
+    log = res.switch_log
+    schedule = tuple((place.index(g), o, log.restart_begin_s[g] - warmup_s,
+                      log.restart_up_s[g] - warmup_s)
+                     for g, o in enumerate(starts_after) if o >= 0 and g in place)
+    on_old = max([log.switched_s[i] - warmup_s for i, (hb, ha) in enumerate(zip(before_h, after_h))
+                  if hb and set(ha) - set(hb)], default=0.0)
     below = worst < inst.starvation_threshold and worst < worst_steady
     return TransitionReport(float(warmup_s), dur, int(after.sum()), late, late_steady,
                             unfinished, unfinished_steady, p99(after), p99(~after), ratio, worst,
                             worst_steady, int(new_homes), sum(o >= 0 for o in starts_after),
                             max(drain, 0.0), max(restart_wait, 0.0),
-                            bool(below or late > late_steady))
+                            bool(below or late > late_steady), bool(gentle), schedule,
+                            float(on_old), int(log.bridged), int(log.waited))
 
 
 # ----------------------------------------------------------------------------- main
@@ -642,9 +686,15 @@ def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(
         cands.append(ReplanResult(fresh, churn_between(prev, fresh.gpus, origin), origin,
                                   "resolve", ("fresh solve, GPUs relabelled onto the previous "
                                               "ones for the most shared adapters",)))
-    best = choose(cands, opts)
-    trans = (replay_transition(prev, best.placement.gpus, best.origin, inst).to_dict()
-             if opts.transition else None)
+    note = ""
+    reports: dict[str, TransitionReport] = {}
+    if opts.transition:
+        best, reports, note = choose_by_transition(
+            cands, opts, lambda c: replay_transition(prev, c.placement.gpus, c.origin, inst,
+                                                     gentle=opts.gentle_switch))
+    else:
+        best = choose(cands, opts)
+    trans = reports[best.candidate].to_dict() if opts.transition else None
     wall = time.perf_counter() - t0
     p = best.placement.with_(
         method="replan", wall_time_s=wall,
@@ -652,25 +702,59 @@ def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(
             "candidate": best.candidate, "churn": best.churn.to_dict(),
             "origin": list(best.origin), "churn_weight": opts.churn_weight,
             "max_moves": opts.max_moves, "previous": prev.instance, "transition": trans,
-            "candidates": {c.candidate: {"gpus": c.placement.n_gpus, "moves": c.churn.moves,
-                                         "verdict": c.placement.verdict} for c in cands}}})
+            "transition_choice": note,
+            "candidates": {c.candidate: {
+                "gpus": c.placement.n_gpus, "moves": c.churn.moves,
+                "verdict": c.placement.verdict,
+                "switch_starved": (reports[c.candidate].starved if c.candidate in reports
+                                   else None)} for c in cands}}})
     return replace(best, placement=p)
+
+
+def _ranked(cands: Sequence[ReplanResult], opts: ReplanOptions) -> list[ReplanResult]:
+    """The candidates in order of preference (module docstring), candidates beyond
+    ``max_moves`` left out when some are within it."""
+    def accepted(c: ReplanResult) -> bool:
+        return c.placement.verdict == "accepted"
+    if opts.max_moves is not None:
+        inside = [c for c in cands if c.churn.moves <= opts.max_moves]
+        pool = inside or list(cands)
+        key = (lambda c: (not accepted(c), c.placement.n_gpus, c.churn.moves)) if inside else \
+            (lambda c: (not accepted(c), c.churn.moves, c.placement.n_gpus))
+        return sorted(pool, key=key)
+    return sorted(cands, key=lambda c: (not accepted(c), c.cost(opts.churn_weight),
+                                        c.churn.moves))
 
 
 def choose(cands: Sequence[ReplanResult], opts: ReplanOptions) -> ReplanResult:
     """The candidate to take (module docstring): twin-accepted first; within ``max_moves`` the
     fewest GPUs (then moves), else the lowest ``GPUs + churn_weight x moves``."""
-    def accepted(c: ReplanResult) -> bool:
-        return c.placement.verdict == "accepted"
-    if opts.max_moves is not None:
-        inside = [c for c in cands if c.churn.moves <= opts.max_moves]
-        pool = inside or cands
-        key = (lambda c: (not accepted(c), c.placement.n_gpus, c.churn.moves)) if inside else \
-            (lambda c: (not accepted(c), c.churn.moves, c.placement.n_gpus))
-        return min(pool, key=key)
-    return min(cands, key=lambda c: (not accepted(c), c.cost(opts.churn_weight),
-                                     c.churn.moves))
+    return _ranked(cands, opts)[0]
+
+
+def choose_by_transition(cands: Sequence[ReplanResult], opts: ReplanOptions,
+                         replay: Callable[[ReplanResult], "TransitionReport"]
+                         ) -> tuple[ReplanResult, dict[str, "TransitionReport"], str]:
+    """:func:`choose`, also weighing each candidate's switch-over (``replay``, called lazily in
+    order of preference): the first whose switch-over does not starve among the twin-accepted
+    candidates (all, when none is accepted); when every one starves, the least damaging
+    (``TransitionReport.damage``, ties in order of preference). Returns (candidate, the reports
+    made, by candidate name, a note: empty, or why a starving switch-over was taken)."""
+    ranked = _ranked(cands, opts)
+    top = [c for c in ranked if (c.placement.verdict == "accepted")
+           == (ranked[0].placement.verdict == "accepted")]
+    reports: dict[str, TransitionReport] = {}
+    for c in top:
+        reports[c.candidate] = replay(c)
+        if not reports[c.candidate].starved:
+            return c, reports, ""
+    best = min(top, key=lambda c: (reports[c.candidate].damage(), top.index(c)))
+    late, short = reports[best.candidate].damage()
+    return best, reports, (f"every candidate's switch-over starves ({', '.join(reports)}); took "
+                           f"the least damaging, '{best.candidate}' ({late} late or unfinished "
+                           f"request(s) beyond steady state, lowest GPU {short:.3f} below it)")
 
 
 __all__ = ["ReplanOptions", "ReplanResult", "Churn", "churn_between", "relabel", "carry_over",
-           "replan", "choose", "DEFAULT_CHURN_WEIGHT", "TransitionReport", "replay_transition"]
+           "replan", "choose", "choose_by_transition", "DEFAULT_CHURN_WEIGHT", "TransitionReport",
+           "replay_transition"]

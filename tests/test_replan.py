@@ -11,8 +11,9 @@ import pytest
 from optim.cli import main
 from optim.instance import instance_from_dict
 from optim.placement import Placement, plan_gpu
-from optim.replan import (ReplanOptions, carry_over, choose, churn_between, relabel, replan,
-                          replay_transition, ReplanResult, Churn)
+from optim.replan import (ReplanOptions, carry_over, choose, choose_by_transition, churn_between,
+                          relabel, replan, replay_transition, ReplanResult, Churn,
+                          TransitionReport)
 from optim.verify import verify
 from twin.workload import Adapter
 
@@ -144,6 +145,49 @@ def test_choose_respects_the_budget():
     assert choose([bad, fresh], ReplanOptions(churn_weight=1.0)).candidate == "resolve"
 
 
+def _report(late, starved, unfinished=0, worst=0.95):
+    return TransitionReport(120.0, 420.0, 1000, late, 0, unfinished, 0, 1.0, 1.0, 1.0, worst,
+                            0.95, 0, 0, 0.0, 0.0, starved, True)
+
+
+def test_choose_weighs_the_switch_over():
+    def res(gpus, moves, name, verdict="accepted"):
+        p = Placement("x", "m", "solved", tuple(
+            plan_gpu("h100", LLAMA, 1, [(Adapter(f"{name}{i}", 8, 1.0), 1.0)], 400.0)
+            for i in range(gpus)), verdict=verdict)
+        return ReplanResult(p, Churn(moves, moves, 0, 0, 0, 0, gpus), (None,) * gpus, name)
+    inc, fresh = res(5, 2, "incremental"), res(4, 40, "resolve")
+    opts = ReplanOptions(churn_weight=0.01)             # resolve is cheaper
+    calls = []
+
+    def replay(reports):
+        def f(c):
+            calls.append(c.candidate)
+            return reports[c.candidate]
+        return f
+    # the cheaper candidate's switch-over starves, the other's does not: the other wins
+    best, reps, note = choose_by_transition(
+        [inc, fresh], opts,
+        replay({"resolve": _report(50, True), "incremental": _report(0, False)}))
+    assert best.candidate == "incremental" and not note and calls == ["resolve", "incremental"]
+    # the cheaper one does not starve: taken, the other is not replayed
+    calls.clear()
+    best, reps, note = choose_by_transition(
+        [inc, fresh], opts, replay({"resolve": _report(0, False), "incremental": _report(9, True)}))
+    assert best.candidate == "resolve" and calls == ["resolve"] and set(reps) == {"resolve"}
+    # both starve: the least damaging (late + unfinished beyond steady state), said in the note
+    best, reps, note = choose_by_transition(
+        [inc, fresh], opts, replay({"resolve": _report(10, True, unfinished=5),
+                                    "incremental": _report(12, True)}))
+    assert best.candidate == "incremental" and "least damaging, 'incremental'" in note
+    # a twin-rejected candidate never wins over an accepted one, whatever its switch-over
+    bad = res(3, 0, "incremental", verdict="rejected")
+    best, _, note = choose_by_transition(
+        [bad, fresh], ReplanOptions(churn_weight=1.0),
+        replay({"resolve": _report(40, True), "incremental": _report(0, False)}))
+    assert best.candidate == "resolve" and "resolve" in note
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="churn_weight"):
         ReplanOptions(churn_weight=-1)
@@ -194,13 +238,45 @@ def test_transition_replay_pays_loads_drains_and_restarts(base):
     assert moved.new_homes == 2 and moved.restarts == 0
     assert moved.max_drain_s > 0.0 and moved.late > moved.late_steady > 0 and moved.starved
     # GPU 2 restarts with Amax 8: its old server drains, the new one starts cold after it
+    # (abrupt: its requests wait for it; gentle: they go to the other GPUs meanwhile)
     g = list(p.gpus)
     g[2] = plan_gpu("h100", LLAMA, 8, list(g[2].adapters), inst.mean_tokens)
-    rs = replay_transition(p, g, (0, 1, 2), inst)
+    rs = replay_transition(p, g, (0, 1, 2), inst, gentle=False)
     assert rs.restarts == 1 and rs.new_homes == 4 and rs.max_restart_wait_s > 0.0
     assert rs.max_restart_wait_s >= rs.max_drain_s - 1.0 and not rs.starved
     assert rs.p99_ttft_s > same.p99_ttft_s          # the restart costs its requests
+    assert rs.waited > 0 and rs.bridged == 0 and not rs.gentle
+    (_, _, begin, up), = rs.restart_schedule
+    assert begin == 0.0 and up > 0.0
+    gs = replay_transition(p, g, (0, 1, 2), inst)
+    assert gs.gentle and gs.bridged > 0 and not gs.starved
+    assert gs.p99_ttft_s <= rs.p99_ttft_s
     with pytest.raises(ValueError, match="origin"):
         replay_transition(p, p.gpus, (0, 1), inst)
     with pytest.raises(ValueError, match="warmup_s"):
         replay_transition(p, p.gpus, (0, 1, 2), inst, warmup_s=0.0)
+
+
+def test_a_gentle_switch_spares_a_restart_the_wait_for_its_drain(base):
+    # the previous plan left GPU 2 (Amax 4) overloaded: its adapters ran at 12 req/s; the new
+    # plan serves them at 1 req/s on GPU 2 restarted with Amax 8. Abruptly, their requests
+    # wait for the old instance's backlog to drain (late, the switch starves); gently, they go
+    # to GPUs 0 and 1 (free slots, short queues) until the new server is up
+    inst, _ = base
+    ads = list(inst.adapters)
+    hot = [(replace(a, rate=12.0), 1.0) for a in ads[8:]]
+    light = [[(a, 1.0) for a in ads[4 * g:4 * g + 4]] for g in (0, 1)]
+    prev = Placement(inst.name, "manual", "solved", (
+        plan_gpu("h100", LLAMA, 8, light[0], inst.mean_tokens),
+        plan_gpu("h100", LLAMA, 8, light[1], inst.mean_tokens),
+        plan_gpu("h100", LLAMA, 4, hot, inst.mean_tokens)))
+    new = prev.gpus[:2] + (plan_gpu("h100", LLAMA, 8, [(a, 1.0) for a in ads[8:]],
+                                    inst.mean_tokens),)
+    abrupt = replay_transition(prev, new, (0, 1, 2), inst, gentle=False)
+    gentle = replay_transition(prev, new, (0, 1, 2), inst)
+    assert abrupt.restarts == gentle.restarts == 1
+    assert abrupt.starved and abrupt.late > 50 and abrupt.late_steady == 0
+    assert abrupt.max_restart_wait_s > 30.0           # the drain of the backlog
+    assert not gentle.starved and gentle.late == 0 and gentle.bridged > 50
+    (j, o, begin, up), = gentle.restart_schedule
+    assert (j, o, begin) == (2, 2, 0.0) and up > 30.0

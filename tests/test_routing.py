@@ -324,3 +324,95 @@ def test_a_plan_switch_to_the_same_plan_changes_nothing_and_a_restart_waits_for_
     with pytest.raises(ValueError, match="at_s"):
         simulate_routed(before, adapters, req, make_router("static", 2), 90.0,
                         switch=PlanSwitch(-1.0, homes, plan.weights, (-1, -1, -1, 2)))
+
+
+def _switch_fleet(heavy_rate=0.0, seed=7):
+    """12 adapters on 3 GPUs (4 each; GPU 0's at 0.5 req/s, the others' at 3 req/s), GPUs 3
+    and 4 the restarts of GPUs 2 and 1. The switch at t = 40 s restarts both and moves adapter
+    0 from GPU 0 to GPU 3. With ``heavy_rate``, GPU 2's adapters get that rate before the
+    switch (a backlog for its old instance to drain)."""
+    from twin.workload import Requests
+    adapters = [Adapter(f"s{i}", 16, 0.5 if i < 4 else 3.0) for i in range(12)]
+    gpus = tuple(RoutedGpu(PROFILE, 8, 16) for _ in range(3)) + \
+        (RoutedGpu(PROFILE, 16, 16), RoutedGpu(PROFILE, 16, 16))
+    before = RoutingPlan(gpus, tuple((i // 4,) for i in range(12)), tuple((1.0,) for _ in
+                                                                          range(12)))
+    after = tuple((3,) if i == 0 or i >= 8 else (4,) if i >= 4 else (0,) for i in range(12))
+    pre = [dataclasses.replace(a, rate=heavy_rate) if i >= 8 and heavy_rate else a
+           for i, a in enumerate(adapters)]
+    r1 = generate_requests(pre, 40.0, default_lengths(), seed=seed)
+    r2 = generate_requests(adapters, 80.0, default_lengths(), seed=seed + 1)
+    req = Requests(np.concatenate([r1.arrival_s, r2.arrival_s + 40.0]),
+                   np.concatenate([r1.adapter, r2.adapter]),
+                   np.concatenate([r1.input_len, r2.input_len]),
+                   np.concatenate([r1.output_len, r2.output_len]))
+    return before, adapters, req, after
+
+
+def test_a_gentle_switch_is_make_before_break_with_one_restart_at_a_time():
+    before, adapters, req, after = _switch_fleet()
+    w = tuple((1.0,) for _ in after)
+    sw = PlanSwitch(40.0, after, w, (-1, -1, -1, 2, 1), gentle=True)
+    res = simulate_routed(before, adapters, req, make_router("static", 3), 120.0, switch=sw)
+    log = res.switch_log
+    # staggered: GPU 3's restart begins at the switch, GPU 4's when GPU 3 is up
+    assert log.restart_begin_s[3] == 40.0 and log.restart_up_s[3] > 40.0
+    assert log.restart_begin_s[4] == log.restart_up_s[3] < log.restart_up_s[4] < 120.0
+    arr, g = req.arrival_s, res.gpu
+    for new, old in ((3, 2), (4, 1)):
+        # the old instance takes nothing from its restart on; the new one serves only once up
+        assert not np.any((g == old) & (arr >= log.restart_begin_s[new]))
+        served = (g == new) & (res.first_t >= 0)
+        assert served.sum() > 20 and res.first_t[served].min() >= log.restart_up_s[new]
+        # requests sent to it before it was up are the ones counted as waiting for it
+    early = sum(int(((g == h) & (arr < log.restart_up_s[h])).sum()) for h in (3, 4))
+    assert early == log.waited
+    # adapter 0 moved to GPU 3: on its old home (GPU 0) until GPU 3 is up and has loaded it
+    load_s = PROFILE.load_time_ms(16, 16) / 1000.0
+    assert log.switched_s[0] == pytest.approx(log.restart_up_s[3] + load_s)
+    a0 = req.adapter == 0
+    assert np.all(g[a0 & (arr < log.switched_s[0])] == 0)
+    assert np.all(g[a0 & (arr >= log.switched_s[0])] == 3)
+    assert (a0 & (arr >= 40.0) & (arr < log.switched_s[0])).sum() >= 1
+    # GPU 1's adapters stay on their old instance until its restart begins, then are bridged
+    # or wait for the new server; never sent to GPU 2 or 3 while those restart
+    mid = np.isin(req.adapter, [4, 5, 6, 7]) & (arr >= 40.0)
+    assert np.all(g[mid & (arr < log.restart_begin_s[4])] == 1)
+    during = mid & (arr >= log.restart_begin_s[4]) & (arr < log.restart_up_s[4])
+    assert during.sum() > 10 and set(np.unique(g[during])) <= {0, 3, 4}
+    # bridged: sent after the switch to a GPU that is neither its old home nor a new one
+    elsewhere = np.array([gi not in after[a] and gi != a // 4
+                          for gi, a in zip(g, req.adapter)]) & (arr >= 40.0)
+    assert log.bridged == int(elsewhere.sum()) > 0
+    # the abrupt switch sends adapter 0 to GPU 3 at once and restarts both servers together
+    ab = simulate_routed(before, adapters, req, make_router("static", 3), 120.0,
+                         switch=dataclasses.replace(sw, gentle=False))
+    assert np.all(ab.gpu[a0 & (arr >= 40.0)] == 3)
+    assert ab.switch_log.restart_begin_s[3] == ab.switch_log.restart_begin_s[4] == 40.0
+    assert ab.switch_log.bridged == 0 and ab.switch_log.switched_s[0] == 40.0
+    with pytest.raises(ValueError, match="restart_order"):
+        simulate_routed(before, adapters, req, make_router("static", 3), 120.0,
+                        switch=dataclasses.replace(sw, restart_order=(3,)))
+    with pytest.raises(ValueError, match="restart_s"):
+        simulate_routed(before, adapters, req, make_router("static", 3), 120.0,
+                        switch=dataclasses.replace(sw, restart_s=-1.0))
+
+
+def test_a_restart_with_a_backlog_makes_requests_late_unless_the_switch_is_gentle():
+    # GPU 2's old instance holds a backlog at the switch: the abrupt switch makes its
+    # adapters' new requests wait for the drain; the gentle one sends them to GPU 0 (light
+    # load, free slots) until the new server is up
+    before, adapters, req, after = _switch_fleet(heavy_rate=12.0)
+    w = tuple((1.0,) for _ in after)
+    late = {}
+    for gentle in (False, True):
+        sw = PlanSwitch(40.0, after, w, (-1, -1, -1, 2, 1), gentle=gentle, restart_order=(4, 3))
+        res = simulate_routed(before, adapters, req, make_router("static", 3), 120.0, switch=sw)
+        first = np.where(res.first_t >= 0, res.first_t, 120.0)
+        after_sw = req.arrival_s >= 40.0
+        late[gentle] = int((after_sw & (first - req.arrival_s > 10.0)).sum())
+        if gentle:      # the order was followed: GPU 4 (GPU 1's restart) first
+            log = res.switch_log
+            assert log.restart_begin_s[4] == 40.0 and log.restart_begin_s[3] == \
+                log.restart_up_s[4]
+    assert late[False] > 100 and late[True] < late[False] / 4

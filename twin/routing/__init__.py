@@ -6,15 +6,18 @@
 * :mod:`.learned` — an online reward model of TTFT from snapshot features;
 * :mod:`.fleet_sim` — the routed fleet: every server an online twin engine
   (:class:`twin.serve.engine.EngineCore`), all advanced in one virtual-time event loop; a
-  :class:`~.fleet_sim.PlanSwitch` replays a re-plan's transition (loads, drains, restarts).
+  :class:`~.fleet_sim.PlanSwitch` replays a re-plan's transition (loads, drains, restarts),
+  abrupt or make-before-break with staggered restarts.
 """
 
-from .fleet_sim import PlanSwitch, RoutedFleetResult, RoutedGpu, RoutingPlan, simulate_routed
+from .fleet_sim import (PlanSwitch, RoutedFleetResult, RoutedGpu, RoutingPlan, SwitchLog,
+                        simulate_routed)
 from .learned import LearnedRouter
 from .policies import (AffinityLoadRouter, LeastOutstandingRouter, Router, StaticWeightsRouter,
                        UniformRouter, make_router, ROUTER_NAMES)
 from .snapshot import GpuSnapshot, RouteRequest
 
-__all__ = ["PlanSwitch", "RoutedFleetResult", "RoutedGpu", "RoutingPlan", "simulate_routed", "LearnedRouter",
+__all__ = ["PlanSwitch", "RoutedFleetResult", "RoutedGpu", "RoutingPlan", "SwitchLog",
+           "simulate_routed", "LearnedRouter",
            "AffinityLoadRouter", "LeastOutstandingRouter", "Router", "StaticWeightsRouter",
            "UniformRouter", "make_router", "ROUTER_NAMES", "GpuSnapshot", "RouteRequest"]

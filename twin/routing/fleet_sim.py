@@ -101,24 +101,49 @@ class RoutingPlan:
 
 @dataclass(frozen=True)
 class PlanSwitch:
-    """A re-plan taking effect at ``at_s``: requests arriving from then on are routed by
-    ``homes`` / ``weights`` (indices into the same GPU list as the plan before). Adapters get
-    registered on their new homes at ``at_s`` (not resident: their first batch pays the load
-    time); old homes receive no more requests of an adapter that left them and drain what they
-    hold. ``starts_after[g]`` = the GPU that must drain before GPU ``g`` starts (a server
-    restarted with a new configuration: the old instance finishes its in-flight requests, then
-    the new one starts cold; requests routed to it wait), or -1."""
+    """A re-plan taking effect at ``at_s`` (indices into the same GPU list as the plan before;
+    a restarted server is a second entry, ``starts_after[g]`` = the GPU whose old instance
+    must drain before GPU ``g`` starts, else -1). ``restart_s``: start-up time of a restarted
+    server after its old instance drained.
+
+    Abrupt (``gentle=False``): requests arriving from ``at_s`` on are routed by ``homes`` /
+    ``weights``; adapters are registered on their new homes (not resident: their first batch
+    pays the load time); old homes get no more requests of an adapter that left them and drain
+    what they hold; every restarted server's old instance stops taking requests at ``at_s``
+    and its new one starts cold once it has drained (requests routed to it wait).
+
+    Gentle (``gentle=True``, make-before-break with staggered restarts): a new home is *ready*
+    for an adapter once its server is up and the adapter's load time has passed there (at once
+    for a home that already held it). The share of an adapter's traffic that goes to homes not
+    yet ready stays on its old homes that are still serving (old weights); with no such old
+    home it goes to the ready new homes (or to new homes that are up and still loading it),
+    and with neither to a *bridge* (below). Once all its new homes are ready the adapter
+    follows the new weights and its old homes drain. Restarts run one at a time in
+    ``restart_order`` (default: ascending GPU index): the first begins at ``at_s``, each next
+    one when the previous new server is up. A restart stops routing to the old instance, which
+    drains; until then the old instance serves with its old configuration. A bridge is the GPU
+    with the fewest outstanding requests (the gateway's live view) among the serving ones that
+    can hold the rank and have a free adapter slot, and the adapter's new homes whose restart
+    is under way (counting what their old instance still holds: there the request waits for
+    the new server, which does not run before it is up)."""
 
     at_s: float
     homes: tuple[tuple[int, ...], ...]
     weights: tuple[tuple[float, ...], ...]
     starts_after: tuple[int, ...]
+    gentle: bool = False
+    restart_order: tuple[int, ...] = ()
+    restart_s: float = 0.0
 
     def check(self, plan: RoutingPlan, adapters: Sequence[Adapter]) -> None:
         """The new routing is a valid plan on the same GPUs (adapters retired at the switch have
-        no homes); every restart names another GPU that is nobody's home after the switch."""
+        no homes); every restart names another GPU that is nobody's home after the switch;
+        ``restart_order`` lists the restarted GPUs once each; ``restart_s`` >= 0."""
         if not (math.isfinite(self.at_s) and self.at_s >= 0):
             raise ValueError(f"plan switch at_s: must be a finite number >= 0, got {self.at_s!r}")
+        if not (math.isfinite(self.restart_s) and self.restart_s >= 0):
+            raise ValueError(f"plan switch restart_s: must be a finite number >= 0, got "
+                             f"{self.restart_s!r}")
         RoutingPlan(plan.gpus, self.homes, self.weights).check(adapters, allow_homeless=True)
         if len(self.starts_after) != len(plan.gpus):
             raise ValueError(f"plan switch starts_after: {len(self.starts_after)} entries for "
@@ -130,6 +155,29 @@ class PlanSwitch:
             if not 0 <= p < len(plan.gpus) or p == g or p in homes_after:
                 raise ValueError(f"plan switch starts_after[{g}] = {p}: must be -1 or another "
                                  "GPU that is no home after the switch")
+        restarted = sorted(g for g, p in enumerate(self.starts_after) if p >= 0)
+        if self.restart_order and sorted(self.restart_order) != restarted:
+            raise ValueError(f"plan switch restart_order: {self.restart_order} must list the "
+                             f"restarted GPUs {restarted} once each")
+
+    def order(self) -> list[int]:
+        """The restarted GPUs in the order their restarts run."""
+        return list(self.restart_order) or [g for g, p in enumerate(self.starts_after) if p >= 0]
+
+
+@dataclass(frozen=True)
+class SwitchLog:
+    """What a :class:`PlanSwitch` did (absolute virtual seconds; nan = did not happen in the
+    window): per GPU, when its restart began (its old instance stopped taking requests) and
+    when the new server was up; per adapter, from when all its traffic followed the new
+    routing (nan: no homes after the switch); requests sent to a bridge GPU, and requests sent
+    to a server not yet up (they waited for it)."""
+
+    restart_begin_s: tuple[float, ...]
+    restart_up_s: tuple[float, ...]
+    switched_s: tuple[float, ...]
+    bridged: int
+    waited: int
 
 
 @dataclass(frozen=True)
@@ -145,6 +193,7 @@ class RoutedFleetResult:
     adapter_loads: tuple[int, ...]
     steps: tuple[int, ...]
     router_name: str
+    switch_log: SwitchLog | None = None
 
     def _done(self) -> np.ndarray:
         return (self.finish_t >= 0) & (self.finish_t <= self.duration_s)
@@ -252,21 +301,115 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
 
     cur_homes, cur_weights = plan.homes, plan.weights
     switched = switch is None
+    gentle = switch is not None and switch.gentle
+    nan = math.nan
+    begin_s, up_s = [nan] * n_gpu, [nan] * n_gpu
+    down_from = [math.inf] * n_gpu      # an old instance takes no requests from then on
+    up_at = [0.0] * n_gpu               # a restarted server's new instance serves from then on
+    restart_queue: deque[int] = deque()
+    next_begin = math.inf
+    if switch is not None:
+        for g, prev in enumerate(switch.starts_after):
+            if prev >= 0:
+                up_at[g] = math.inf
+        restart_queue.extend(switch.order())
+        next_begin = switch.at_s
+    held = [set(hs) for hs in plan.homes]
+    bridged = waited = 0
+
+    def begin_restart(g: int, t0: float) -> float:
+        """GPU ``g``'s old instance stops taking requests at ``t0`` and drains; the new one
+        is up ``restart_s`` after that. Returns when it is up."""
+        prev = switch.starts_after[g]
+        down_from[prev] = begin_s[g] = t0
+        advance(prev, math.inf)             # it gets no new requests: drain it
+        up = max(cores[prev].clock, t0) + switch.restart_s
+        cores[g].clock = max(cores[g].clock, up)
+        up_at[g] = up_s[g] = cores[g].clock
+        return up_at[g]
+
+    def run_restarts(t: float, strict: bool = False) -> None:
+        """Begin the staggered restarts due by ``t`` (each when the previous one is up)."""
+        nonlocal next_begin
+        while restart_queue and (next_begin < t or (not strict and next_begin == t)):
+            next_begin = begin_restart(restart_queue.popleft(), next_begin)
 
     def do_switch() -> None:
         nonlocal cur_homes, cur_weights, switched
-        t0 = switch.at_s
         for i, hs in enumerate(switch.homes):
             for g in hs:
                 if i not in cores[g].load_ms:
                     p = plan.gpus[g]
                     cores[g].register_adapter(i, p.profile.load_time_ms(adapters[i].rank,
                                                                         p.max_lora_rank))
-        for g, prev in enumerate(switch.starts_after):
-            if prev >= 0:
-                advance(prev, math.inf)             # it gets no new requests: drain it
-                cores[g].clock = max(cores[g].clock, cores[prev].clock, t0)
+        if not gentle:                      # every restart at once
+            for g in list(restart_queue):
+                begin_restart(g, switch.at_s)
+            restart_queue.clear()
         cur_homes, cur_weights, switched = switch.homes, switch.weights, True
+
+    def ready_s(a: int, h: int) -> float:
+        """When new home ``h`` is ready for adapter ``a`` (gentle switch)."""
+        if h in held[a]:
+            return switch.at_s
+        return max(switch.at_s, up_at[h]) + load_ms[h][a] / 1000.0
+
+    def serving(g: int, t: float) -> bool:
+        return up_at[g] <= t < down_from[g]
+
+    def gentle_route(a: int, t: float) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        """Homes and weights of adapter ``a`` at ``t`` under make-before-break (None: bridge)."""
+        hs, ws = switch.homes[a], switch.weights[a]
+        ready = {h: w for h, w in zip(hs, ws) if ready_s(a, h) <= t}
+        if len(ready) == len(hs):
+            return hs, ws
+        old = [(g, w) for g, w in zip(plan.homes[a], plan.weights[a]) if serving(g, t)]
+        if old:
+            miss = 1.0 - sum(ready.values())
+            tot = sum(w for _, w in old)
+            for g, w in old:
+                ready[g] = ready.get(g, 0.0) + miss * w / tot
+        else:
+            if not ready:       # up but still loading the adapter: its request pays the load
+                ready = {h: w for h, w in zip(hs, ws) if serving(h, t)}
+            if not ready:
+                return None
+            tot = sum(ready.values())
+            ready = {h: w / tot for h, w in ready.items()}
+        return tuple(ready), tuple(ready.values())
+
+    def bridge(a: int, t: float) -> int | None:
+        """Where a request of ``a`` goes while none of its homes serves: the GPU with the
+        fewest outstanding requests (the gateway's live view) among the serving ones that can
+        hold its rank and have an adapter slot for it (``a`` has requests there, or fewer
+        adapters have than ``max_loras``: no slot thrashing) and ``a``'s new homes whose
+        restart is under way (there the request waits for the new server, behind what its old
+        instance still holds); when none qualifies, the serving GPU of the fewest
+        outstanding requests."""
+        cands = [g for g in range(n_gpu)
+                 if serving(g, t) and plan.gpus[g].max_lora_rank >= ranks[a]]
+        coming = [h for h in switch.homes[a] if t < up_at[h] < math.inf]
+        for g in cands + coming + [switch.starts_after[h] for h in coming]:
+            advance(g, t)
+            settle(g, t)
+
+        def queue(g: int) -> int:
+            q = routed[g] - finished_seen[g]
+            if g in coming:
+                o = switch.starts_after[g]
+                q += routed[o] - finished_seen[o]
+            return q
+        roomy = [g for g in cands if aout[g].get(a, 0) > 0 or active[g] < plan.gpus[g].max_loras]
+        if roomy + coming:
+            b = min(roomy + coming, key=lambda g: (queue(g), g))
+        elif cands:
+            b = min(cands, key=lambda g: (queue(g), g))
+        else:
+            return None
+        if a not in cores[b].load_ms:
+            p = plan.gpus[b]
+            cores[b].register_adapter(a, p.profile.load_time_ms(ranks[a], p.max_lora_rank))
+        return b
 
     n = len(requests)
     gpu_of = np.full(n, -1, np.int64)
@@ -278,6 +421,8 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
     load_ms = [c.load_ms for c in cores]
 
     def advance(g: int, t: float) -> None:
+        if up_at[g] == math.inf:            # a restarted server whose restart has not begun
+            return
         core = cores[g]
         while core.clock < t:
             sched = core.sched
@@ -338,7 +483,17 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
         a = int(a_idx[i])
         if not switched and t >= switch.at_s:
             do_switch()
-        homes = cur_homes[a]
+        homes, weights = cur_homes[a], cur_weights[a]
+        if gentle and switched:
+            run_restarts(t)
+            route = gentle_route(a, t)
+            if route is not None:
+                homes, weights = route
+            else:
+                b = bridge(a, t)
+                if b is not None:
+                    homes, weights = (b,), (1.0,)
+                    bridged += b not in switch.homes[a]
         for g in homes:     # other GPUs catch up when they next matter (labels wait in time order)
             advance(g, t)
         for g in homes:
@@ -347,14 +502,14 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
             while labels and labels[0][0] <= t:
                 t_lab, idx, ttft = heapq.heappop(labels)
                 router.observe(idx, ttft, t_lab)
-        req = RouteRequest(i, a, ranks[a], int(requests.input_len[i]), t, homes,
-                           cur_weights[a])
+        req = RouteRequest(i, a, ranks[a], int(requests.input_len[i]), t, homes, weights)
         snaps = [snapshot(g, t, a) for g in homes]
         g = router.route(req, snaps)
         assert g in homes, f"router {router.name} sent adapter {a} to GPU {g}, not a home {homes}"
         handles[i] = cores[g].submit(a, int(requests.input_len[i]), int(requests.output_len[i]),
                                      t, tag=i)
         gpu_of[i] = g
+        waited += t < up_at[g]
         routed[g] += 1
         k = aout[g].get(a, 0)
         aout[g][a] = k + 1
@@ -363,12 +518,26 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
             bar.update(500)
     if not switched and switch.at_s < duration_s:
         do_switch()
+    if switched and switch is not None:
+        run_restarts(duration_s, strict=True)
     for g in range(n_gpu):
         advance(g, duration_s)
     if bar is not None:
         bar.close()
     first = np.array([h.first_t if h is not None else -1.0 for h in handles])
     finish = np.array([h.finish_t if h is not None else -1.0 for h in handles])
+    log = None
+    if switch is not None:
+        def switched_at(a: int) -> float:
+            if not switch.homes[a]:
+                return nan
+            if not switched:
+                return math.inf
+            if not gentle:
+                return switch.at_s
+            return max(ready_s(a, h) for h in switch.homes[a])
+        log = SwitchLog(tuple(begin_s), tuple(up_s),
+                        tuple(switched_at(a) for a in range(len(adapters))), bridged, waited)
     return RoutedFleetResult(float(duration_s), requests, gpu_of, first, finish,
                              tuple(c.loads for c in cores), tuple(c.steps for c in cores),
-                             router.name)
+                             router.name, log)
