@@ -234,7 +234,8 @@ def _equal_jobs(prof: GpuProfile, rank: int, n: int, amax: int, loads: Sequence[
     from twin.fleet import GpuAssignment
     per = lengths.mean_input + lengths.mean_output
     cfg = ServerConfig(max_loras=int(amax), max_lora_rank=rank, starvation_threshold=threshold)
-    return [GpuAssignment(prof.name, cfg, tuple((Adapter(f"e{i}", rank, load / per / n), 1.0)
+    # the profile itself, not its name: a profile given as a file path has no shipped name
+    return [GpuAssignment(prof, cfg, tuple((Adapter(f"e{i}", rank, load / per / n), 1.0)
                                                 for i in range(n))) for load in loads]
 
 

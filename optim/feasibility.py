@@ -17,6 +17,8 @@ tokens/s. Checks, each producing a ``Reason`` with a machine-readable ``code``:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -224,16 +226,45 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
         raise ValueError(f"{inst.name}: no GPU type starts a LoRA configuration of rank >= "
                          f"{_smallest_rank(inst)}")
     lb_one, lb_count = _count_bound(total, best_one), _count_bound(total, best_count)
-    # one GPU for everything: exact check of every Amax, where the caps leave it possible
-    excluded = (max(lb_one, lb_count) == 1 and total > COUNT_BOUND_FROM * best_one
+    # one GPU for everything: exact check of every Amax, where the caps leave it possible —
+    # near the one-adapter cap, or where one GPU would have to swap adapters at every Amax
+    # (more adapters than any type starts slots for: the many-adapter limits behind the
+    # COUNT_BOUND_FROM shortcut are measured with every adapter resident)
+    excluded = (max(lb_one, lb_count) == 1
+                and (total > COUNT_BOUND_FROM * best_one or _swaps_on_one_gpu(inst))
                 and one_gpu_excluded(inst, dur, workers))
     return TwinBound(inst.name, dur, total, lmax, best_one, best_count, lb_one, lb_count,
                      tuple((int(n), float(v)) for n, v in points), excluded)
 
 
+def _swaps_on_one_gpu(inst: Instance) -> bool:
+    """Every adapter on one GPU would not fit its slots at any startable Amax of any type."""
+    rank = max(a.rank for a in inst.adapters)
+    return len(inst.adapters) > max(max_startable_amax(t.load_profile(), rank)
+                                    for t in inst.gpu_types)
+
+
+def _one_gpu_key(inst: Instance, duration_s: float) -> str:
+    """Disk-cache key of :func:`one_gpu_excluded`: everything its replays depend on (adapters
+    in order, lengths, window, seeds, threshold, every type's profile and twin fingerprint)."""
+    from .capacity import SPREAD_SIGMAS, twin_fingerprint
+    types = []
+    for t in inst.gpu_types:
+        prof = t.load_profile()
+        types.append([t.name, prof.to_dict(), twin_fingerprint(prof)])
+    blob = json.dumps({"v": 1, "what": "one_gpu_excluded", "duration_s": float(duration_s),
+                       "adapters": [[a.rank, float(a.rate)] for a in inst.adapters],
+                       "lengths": inst.lengths.to_dict(), "seed": inst.seed,
+                       "bound_seeds": list(_bound_seeds(inst)), "sigmas": SPREAD_SIGMAS,
+                       "threshold": float(inst.starvation_threshold), "types": types},
+                      sort_keys=True, default=str)
+    return "one_gpu:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
 def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = None) -> bool:
     """True when no one-GPU placement of ``inst`` can be twin-accepted with window
-    ``duration_s``.
+    ``duration_s`` (cached on disk with the carry limits: up to a few hundred hour-long replays
+    for instances with many adapters).
 
     A one-GPU placement puts every adapter on GPU 0 (workload seed ``inst.seed``); what remains
     free is the GPU type, Amax, ``max_lora_rank`` and the adapters' order. More slots than
@@ -243,6 +274,17 @@ def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = No
     Amax only if it finds nothing). The order changes the workload draw, so a GPU counts as
     failing only when its best score (throughput / (threshold x realised offered)) stays below
     1 - ``SPREAD_SIGMAS`` x the relative spread of the one-adapter carry limit."""
+    from .capacity import _disk_get, _disk_put
+    key = _one_gpu_key(inst, duration_s)
+    hit = _disk_get(key)
+    if hit is not None:
+        return bool(hit["excluded"])
+    out = _one_gpu_excluded(inst, duration_s, workers)
+    _disk_put(key, {"excluded": out, "instance": inst.name, "duration_s": float(duration_s)})
+    return out
+
+
+def _one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None) -> bool:
     from .amax_search import amax_upper, twin_scores
     from .integer_search import search_max
     from .placement import plan_gpu

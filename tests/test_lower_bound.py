@@ -167,3 +167,46 @@ def test_one_gpu_exclusion_replays_every_amax():
     if p.verdict == "accepted" and p.n_gpus == 1:
         assert not b.one_gpu_excluded and b.best == 1
     assert b.best <= max(p.n_gpus, 1) or p.verdict != "accepted"
+
+
+def test_one_gpu_check_runs_where_one_gpu_must_swap(tmp_path, monkeypatch):
+    """Below COUNT_BOUND_FROM of the one-adapter cap the one-GPU check is skipped only where
+    every adapter fits the slots of some startable Amax; with more adapters than any type
+    starts slots for (here a profile whose KV table stops at Amax 4), one GPU must swap and the
+    check runs; its result is cached on disk (a second bound replays nothing)."""
+    import json
+
+    import optim.feasibility as feas
+    from twin.profile import load_profile
+
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "cache"))
+    d = load_profile(LLAMA).to_dict()
+    d["kv_capacity"] = {k: v for k, v in d["kv_capacity"].items()
+                        if int(k.split(",")[0]) <= 4} or {"4,8": 300000}
+    d["name"] = "llama-four-slots"
+    prof = tmp_path / "four.json"
+    prof.write_text(json.dumps(d))
+    per = default_lengths().mean_input + default_lengths().mean_output
+    rate = 0.3 * _limit().limit_tps / per / 8          # 0.3 of the cap: far below the shortcut
+
+    def inst(n, profile):
+        return instance_from_dict({
+            "name": "swap", "adapters": [{"id": f"a{i}", "rank": 8, "rate": rate}
+                                         for i in range(n)],
+            "gpus": [{"name": "g", "profile": profile, "count": 4}],
+            "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+
+    assert feas._swaps_on_one_gpu(inst(8, str(prof)))
+    assert not feas._swaps_on_one_gpu(inst(4, str(prof)))
+    assert not feas._swaps_on_one_gpu(inst(8, LLAMA))
+    calls = []
+    real = feas._one_gpu_excluded
+    monkeypatch.setattr(feas, "_one_gpu_excluded",
+                        lambda *a, **k: calls.append(a[0].name) or real(*a, **k))
+    b = twin_lower_bound(inst(8, str(prof)))
+    assert calls == ["swap"]
+    assert b.best == (2 if b.one_gpu_excluded else 1)
+    assert twin_lower_bound(inst(8, str(prof))).one_gpu_excluded == b.one_gpu_excluded
+    assert calls == ["swap"]                            # the second answer came from the cache
+    twin_lower_bound(inst(8, LLAMA))                    # all resident at Amax 8: no check
+    assert calls == ["swap"]

@@ -30,9 +30,10 @@ from .workload import Adapter
 
 @dataclass(frozen=True)
 class GpuAssignment:
-    """One GPU of a placement: its profile, server configuration and (adapter, share) pairs."""
+    """One GPU of a placement: its profile (a shipped name, a file path or a loaded
+    :class:`GpuProfile`), server configuration and (adapter, share) pairs."""
 
-    profile: str
+    profile: str | GpuProfile
     config: ServerConfig
     adapters: tuple[tuple[Adapter, float], ...]
 
