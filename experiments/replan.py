@@ -27,9 +27,9 @@ Moves = loads of adapters that already existed onto a GPU that did not hold them
 window = the twin rejected that window's plan. The switch-over into each window (1..W-1) is
 replayed in the routed fleet twin for resolve and replan (``optim.replan.replay_transition``:
 the previous plan serves the previous window's rates for 120 s, then the window's rates and
-the new plan take over for 300 s, make-before-break with staggered restarts: a moved adapter
-stays on its old homes until its new home has loaded it, restarted servers go one at a time
-and their adapters are bridged to other serving GPUs meanwhile; the re-plan also prefers a
+the new plan take over for 300 s, gently: a moved adapter stays on its old homes until its new
+home has loaded it, a restarting server's adapters are bridged to other serving GPUs, restarts
+go one at a time or, when that does more damage, all at once; the re-plan also prefers a
 candidate whose switch-over does not starve, and says on stderr when every candidate's
 starves); a starved switch-over = some GPU's completed / offered tokens of the requests
 arriving after the switch below the starvation threshold (and below the new plan's own in
@@ -37,7 +37,8 @@ steady state on the same requests), or more late requests (first token after > 3
 that steady state. Prints a per-window table
 (``*_switch_late`` / ``*_steady_late``: late requests after the switch / in steady state,
 ``*_switch_ok``: not starved, ``replan_drain_s``: the longest an old home drained,
-``replan_restarts``: servers restarted, ``replan_bridged``: requests bridged to another GPU
+``replan_restarts``: servers restarted, ``replan_schedule``: staggered or parallel restarts,
+``replan_bridged``: requests bridged to another GPU
 during a restart, ``replan_on_old_s``: the longest a moved adapter stayed on its old homes,
 ``replan_min_gpu_tput``: the lowest GPU's completed / offered tokens of the requests arriving
 after the switch), the starved switch-overs,
@@ -200,6 +201,7 @@ def run(args: argparse.Namespace) -> dict:
                         f"{k}_restarts": 0 if tr is None else tr["restarts"],
                         f"{k}_bridged": 0 if tr is None else tr["bridged"],
                         f"{k}_on_old_s": 0.0 if tr is None else tr["max_on_old_homes_s"],
+                        f"{k}_schedule": "" if tr is None else tr["schedule"],
                         f"{k}_min_gpu_tput": 1.0 if tr is None else
                         tr["min_gpu_throughput_over_offered"],
                         f"{k}_min_gpu_tput_steady": 1.0 if tr is None else
@@ -294,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             "replan_moves", "replan_ok", "replan_from", "incr_gpus", "incr_moves",
             "resolve_switch_late", "resolve_steady_late", "resolve_switch_ok",
             "replan_switch_late", "replan_steady_late", "replan_switch_ok", "replan_drain_s",
-            "replan_restarts", "replan_bridged", "replan_on_old_s", "replan_min_gpu_tput",
+            "replan_restarts", "replan_schedule", "replan_bridged", "replan_on_old_s",
+            "replan_min_gpu_tput",
             "resolve_s", "replan_s"]
     import pandas as pd
     print(markdown_table(pd.DataFrame(s["rows"])[cols]))

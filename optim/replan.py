@@ -40,13 +40,14 @@ kept GPUs whose Amax or max rank changed.
 
 **Transition** (``ReplanOptions.transition``, on by default): each candidate's switch-over is
 replayed in the routed fleet twin (``replay_transition``): the previous plan serves its own
-rates for ``TRANSITION_WARMUP_S``, then the new rates and the new routing take over. By default
-(``ReplanOptions.gentle_switch``) the switch is make-before-break with staggered restarts
-(``twin.routing.PlanSwitch``, ``gentle``): a moved adapter stays on its old homes until its new
-home is up and has loaded it, restarted servers go one at a time (the next when the previous
-is up), and the adapters of a server that is restarting go to the other serving GPUs
-meanwhile; otherwise the switch is abrupt (moves at once, every restart at the switch, its
-requests waiting for the new server). The report (late and unfinished requests against the new
+rates for ``TRANSITION_WARMUP_S``, then the new rates and the new routing take over. The switch
+is gentle (``twin.routing.PlanSwitch``, ``gentle``; ``ReplanOptions.switch_schedule``):
+make-before-break — a moved adapter stays on its old homes until its new home is up and has
+loaded it — and the adapters of a server that is restarting go to serving GPUs with free
+slots meanwhile (or wait for it when its queue is the shortest); restarts go one at a time
+(the next when the previous is up) or, when that starves or does more damage, all at once
+(``auto``: both are replayed when two servers or more restart). ``abrupt`` is the switch
+without care: moves at once, every restart at the switch, its requests waiting for it. The report (late and unfinished requests against the new
 plan in steady state, TTFT, throughput, drain and restart times, the restart schedule;
 ``starved``: the twin's starvation rule fails over the switch-over window where the new plan in
 steady state passes it or does better, or more requests are late than in steady state) is
@@ -74,6 +75,7 @@ from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 
 DEFAULT_CHURN_WEIGHT = 0.02      # GPUs per adapter move: draining a GPU of < 50 adapters pays
 SHED_MARGIN = 0.97               # shed load down to this fraction of the measured throughput
+SWITCH_SCHEDULES = ("auto", "staggered", "parallel", "abrupt")   # replay_transition's schedule
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class ReplanOptions:
     max_rounds: int = 8
     max_drain_attempts: int = 4
     transition: bool = True      # replay the switch-over in the routed fleet twin
-    gentle_switch: bool = True   # ... make-before-break with staggered restarts
+    switch_schedule: str = "auto"    # ... how (replay_transition's ``schedule``)
 
     def __post_init__(self) -> None:
         if not (self.churn_weight >= 0 and np.isfinite(self.churn_weight)):
@@ -95,6 +97,9 @@ class ReplanOptions:
                              f"{self.churn_weight!r}")
         if self.max_moves is not None and self.max_moves < 0:
             raise ValueError(f"max_moves: must be >= 0, got {self.max_moves!r}")
+        if self.switch_schedule not in SWITCH_SCHEDULES:
+            raise ValueError(f"switch_schedule: {self.switch_schedule!r} is not one of "
+                             f"{list(SWITCH_SCHEDULES)}")
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,8 @@ class TransitionReport:
     GPU) pairs loaded at the switch; ``restarts``: servers restarted with a new configuration;
     ``max_drain_s``: the longest an old home kept serving an adapter that left it (inf: not
     drained by the end); ``max_restart_wait_s``: the longest a restarted server took from the
-    switch to its first token. ``gentle``: make-before-break with staggered restarts;
+    switch to its first token. ``schedule``: how the switch ran (:data:`SWITCH_SCHEDULES`;
+    ``tried``: with ``auto``, each schedule replayed as (name, starved, :meth:`damage`));
     ``restart_schedule``: per restarted server (new GPU index, previous GPU index, restart
     begin, server up; seconds after the switch, nan: not within the window);
     ``max_on_old_homes_s``: the longest a moved adapter's traffic stayed (partly) on its old
@@ -390,11 +396,12 @@ class TransitionReport:
     max_drain_s: float
     max_restart_wait_s: float
     starved: bool
-    gentle: bool = False
+    schedule: str = "abrupt"
     restart_schedule: tuple[tuple[int, int, float, float], ...] = ()
     max_on_old_homes_s: float = 0.0
     bridged: int = 0
     waited: int = 0
+    tried: tuple[tuple[str, bool, int, float], ...] = ()
 
     def damage(self) -> tuple[int, float]:
         """How much worse than steady state: (late + unfinished requests beyond it, shortfall
@@ -406,12 +413,15 @@ class TransitionReport:
 
     def to_dict(self) -> dict:
         def val(v):
-            if isinstance(v, (bool, np.bool_)):
-                return bool(v)
+            if isinstance(v, (bool, np.bool_, str)):
+                return v if isinstance(v, str) else bool(v)
             return int(v) if isinstance(v, (int, np.integer)) else float(v)
-        out = {k: val(v) for k, v in vars(self).items() if k != "restart_schedule"}
+        out = {k: val(v) for k, v in vars(self).items()
+               if k not in ("restart_schedule", "tried")}
         out["restart_schedule"] = [{"gpu": int(j), "previous": int(o), "begin_s": float(b),
                                     "up_s": float(u)} for j, o, b, u in self.restart_schedule]
+        out["tried"] = {name: {"starved": bool(st), "excess_late_unfinished": int(ex),
+                               "gpu_shortfall": float(sh)} for name, st, ex, sh in self.tried}
         return out
 
 
@@ -427,7 +437,7 @@ def _followed_by(first, second, at_s: float):
 
 def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[int | None],
                       inst: Instance, warmup_s: float = TRANSITION_WARMUP_S,
-                      after_s: float = TRANSITION_AFTER_S, gentle: bool = True,
+                      after_s: float = TRANSITION_AFTER_S, schedule: str = "auto",
                       restart_s: float = 0.0) -> TransitionReport:
     """Replay the switch from ``prev`` to ``new`` (new GPU ``j`` in the place of previous GPU
     ``origin[j]``) in the routed fleet twin (``twin.routing.PlanSwitch``): for ``warmup_s`` the
@@ -436,10 +446,14 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     re-plan taking effect at the window boundary. Adapters on a GPU that did not hold them pay
     the measured load time there; old homes drain what they hold; a kept GPU whose Amax or max
     rank changed restarts (its old server drains, then the new one starts cold ``restart_s``
-    later) and an added GPU starts cold. ``gentle``: make-before-break with staggered restarts
-    (moved adapters stay on their old homes until the new one has loaded them; one restart at a
-    time, in GPU order; the adapters of a restarting server go to the other serving GPUs),
-    else every move and restart at once. Requests are routed by the plans' weights (the
+    later) and an added GPU starts cold. ``schedule`` (:data:`SWITCH_SCHEDULES`): ``abrupt``
+    — every move and restart at the switch, requests of a restarting server wait for it;
+    ``staggered`` — make-before-break (moved adapters stay on their old homes until the new
+    one has loaded them), one restart at a time in GPU order, the adapters of a restarting
+    server bridged to serving GPUs with free slots (``twin.routing.PlanSwitch``, ``gentle``);
+    ``parallel`` — the same routing with every restart at the switch; ``auto`` — staggered,
+    and with two restarts or more also parallel, keeping the one that does not starve (else
+    the less damaging). Requests are routed by the plans' weights (the
     ``static`` router); new adapters have requests from the switch on, retired ones until it.
     Seeded by the instance's seed."""
     from twin.profile import load_profile
@@ -449,6 +463,8 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     if not (warmup_s > 0 and after_s > 0 and np.isfinite(warmup_s + after_s)):
         raise ValueError(f"transition window: warmup_s and after_s must be finite numbers > 0, "
                          f"got {warmup_s!r}, {after_s!r}")
+    if schedule not in SWITCH_SCHEDULES:
+        raise ValueError(f"schedule: {schedule!r} is not one of {list(SWITCH_SCHEDULES)}")
     if len(origin) != len(new):
         raise ValueError(f"origin: {len(origin)} entries for {len(new)} new GPUs")
     profiles: dict[str, object] = {}
@@ -491,9 +507,6 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     after_h, after_w = homes_of(new, place)
     if any(not h for h in after_h[:len(inst.adapters)]):
         raise ValueError("new plan: some adapter of the instance has no home")
-    plan = RoutingPlan(tuple(gpus), before_h, before_w)
-    switch = PlanSwitch(float(warmup_s), after_h, after_w, tuple(starts_after), gentle=gentle,
-                        restart_s=float(restart_s))
     dur = float(warmup_s + after_s)
     # before the switch: the previous plan's rates; after it: the instance's
     idx_b = np.array([i for i, a in enumerate(adapters) if a.id in old_rate], np.int64)
@@ -503,8 +516,6 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
                            seed=np.random.default_rng([inst.seed, 1]))
     req = _followed_by(Requests(rb.arrival_s, idx_b[rb.adapter], rb.input_len, rb.output_len),
                        ra, warmup_s)
-    res = simulate_routed(plan, adapters, req, make_router("static", inst.seed), dur,
-                          switch=switch)
     # the new plan in steady state on the same requests after the switch (warmed up at the
     # new rates from t = 0): what the plan costs anyway, against which the switch is judged
     n = len(inst.adapters)
@@ -524,14 +535,6 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
         unfinished = int((after & ~done & (arr < dur - 60.0)).sum())
         return after, first, done, late, unfinished
 
-    after, first, done, late, unfinished = outcome(res, req)
-    _, _, _, late_steady, unfinished_steady = outcome(steady, req_s)
-    ttft = first - req.arrival_s
-
-    def p99(m: np.ndarray) -> float:
-        m = m & done
-        return float(np.quantile(ttft[m], 0.99)) if m.any() else float("nan")
-
     def completed(r, rq) -> tuple[float, float]:
         """(fleet-wide, lowest per GPU) tokens of the requests arriving after the switch that
         completed by the end / their tokens (the twin's per-GPU starvation rule)."""
@@ -545,35 +548,61 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
         fleet = float(tok[fin].sum() / max(tok[aft].sum(), 1))
         return fleet, (worst if math.isfinite(worst) else 1.0)
 
-    ratio, worst = completed(res, req)
+    _, _, _, late_steady, unfinished_steady = outcome(steady, req_s)
     worst_steady = completed(steady, req_s)[1]
     new_homes = sum(len(set(a) - set(b)) for a, b in zip(after_h, before_h))
-    drain = 0.0
-    for i, (hb, ha) in enumerate(zip(before_h, after_h)):
-        for g in set(hb) - set(ha):
-            m = (req.adapter == i) & (res.gpu == g)
-            if m.any():
-                end = np.where(done[m], res.finish_t[m], np.inf).max()
-                drain = max(drain, float(end) - warmup_s)
-    restart_wait = 0.0
-    for g, o in enumerate(starts_after):
-        if o >= 0:
-            m = res.gpu == g
-            if m.any():
-                restart_wait = max(restart_wait, float(first[m].min() - warmup_s))
-    log = res.switch_log
-    schedule = tuple((place.index(g), o, log.restart_begin_s[g] - warmup_s,
-                      log.restart_up_s[g] - warmup_s)
-                     for g, o in enumerate(starts_after) if o >= 0 and g in place)
-    on_old = max([log.switched_s[i] - warmup_s for i, (hb, ha) in enumerate(zip(before_h, after_h))
-                  if hb and set(ha) - set(hb)], default=0.0)
-    below = worst < inst.starvation_threshold and worst < worst_steady
-    return TransitionReport(float(warmup_s), dur, int(after.sum()), late, late_steady,
-                            unfinished, unfinished_steady, p99(after), p99(~after), ratio, worst,
-                            worst_steady, int(new_homes), sum(o >= 0 for o in starts_after),
-                            max(drain, 0.0), max(restart_wait, 0.0),
-                            bool(below or late > late_steady), bool(gentle), schedule,
-                            float(on_old), int(log.bridged), int(log.waited))
+    plan = RoutingPlan(tuple(gpus), before_h, before_w)
+
+    def replay(name: str) -> TransitionReport:
+        switch = PlanSwitch(float(warmup_s), after_h, after_w, tuple(starts_after),
+                            gentle=name != "abrupt", stagger=name == "staggered",
+                            restart_s=float(restart_s))
+        res = simulate_routed(plan, adapters, req, make_router("static", inst.seed), dur,
+                              switch=switch)
+        after, first, done, late, unfinished = outcome(res, req)
+        ttft = first - req.arrival_s
+
+        def p99(m: np.ndarray) -> float:
+            m = m & done
+            return float(np.quantile(ttft[m], 0.99)) if m.any() else float("nan")
+
+        ratio, worst = completed(res, req)
+        drain = 0.0
+        for i, (hb, ha) in enumerate(zip(before_h, after_h)):
+            for g in set(hb) - set(ha):
+                m = (req.adapter == i) & (res.gpu == g)
+                if m.any():
+                    end = np.where(done[m], res.finish_t[m], np.inf).max()
+                    drain = max(drain, float(end) - warmup_s)
+        restart_wait = 0.0
+        for g, o in enumerate(starts_after):
+            if o >= 0:
+                m = res.gpu == g
+                if m.any():
+                    restart_wait = max(restart_wait, float(first[m].min() - warmup_s))
+        log = res.switch_log
+        restarts = tuple((place.index(g), o, log.restart_begin_s[g] - warmup_s,
+                          log.restart_up_s[g] - warmup_s)
+                         for g, o in enumerate(starts_after) if o >= 0)
+        on_old = max([log.switched_s[i] - warmup_s
+                      for i, (hb, ha) in enumerate(zip(before_h, after_h))
+                      if hb and set(ha) - set(hb)], default=0.0)
+        below = worst < inst.starvation_threshold and worst < worst_steady
+        return TransitionReport(float(warmup_s), dur, int(after.sum()), late, late_steady,
+                                unfinished, unfinished_steady, p99(after), p99(~after), ratio,
+                                worst, worst_steady, int(new_homes),
+                                sum(o >= 0 for o in starts_after), max(drain, 0.0),
+                                max(restart_wait, 0.0), bool(below or late > late_steady), name,
+                                restarts, float(on_old), int(log.bridged), int(log.waited))
+
+    n_restarts = sum(o >= 0 for o in starts_after)
+    if schedule != "auto":
+        return replay(schedule)
+    # the gentle schedules differ only with two restarts or more: then both are replayed and
+    # the one whose switch-over does not starve (else the less damaging) is kept
+    tried = [replay("staggered")] + ([replay("parallel")] if n_restarts >= 2 else [])
+    best = min(tried, key=lambda r: (r.starved, r.damage()))
+    return replace(best, tried=tuple((r.schedule, r.starved) + r.damage() for r in tried))
 
 
 # ----------------------------------------------------------------------------- main
@@ -691,7 +720,7 @@ def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(
     if opts.transition:
         best, reports, note = choose_by_transition(
             cands, opts, lambda c: replay_transition(prev, c.placement.gpus, c.origin, inst,
-                                                     gentle=opts.gentle_switch))
+                                                     schedule=opts.switch_schedule))
     else:
         best = choose(cands, opts)
     trans = reports[best.candidate].to_dict() if opts.transition else None
@@ -757,4 +786,4 @@ def choose_by_transition(cands: Sequence[ReplanResult], opts: ReplanOptions,
 
 __all__ = ["ReplanOptions", "ReplanResult", "Churn", "churn_between", "relabel", "carry_over",
            "replan", "choose", "choose_by_transition", "DEFAULT_CHURN_WEIGHT", "TransitionReport",
-           "replay_transition"]
+           "replay_transition", "SWITCH_SCHEDULES"]

@@ -147,7 +147,7 @@ def test_choose_respects_the_budget():
 
 def _report(late, starved, unfinished=0, worst=0.95):
     return TransitionReport(120.0, 420.0, 1000, late, 0, unfinished, 0, 1.0, 1.0, 1.0, worst,
-                            0.95, 0, 0, 0.0, 0.0, starved, True)
+                            0.95, 0, 0, 0.0, 0.0, starved, "staggered")
 
 
 def test_choose_weighs_the_switch_over():
@@ -193,6 +193,8 @@ def test_options_are_checked():
         ReplanOptions(churn_weight=-1)
     with pytest.raises(ValueError, match="max_moves"):
         ReplanOptions(max_moves=-2)
+    with pytest.raises(ValueError, match="switch_schedule"):
+        ReplanOptions(switch_schedule="slow")
 
 
 def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
@@ -241,16 +243,29 @@ def test_transition_replay_pays_loads_drains_and_restarts(base):
     # (abrupt: its requests wait for it; gentle: they go to the other GPUs meanwhile)
     g = list(p.gpus)
     g[2] = plan_gpu("h100", LLAMA, 8, list(g[2].adapters), inst.mean_tokens)
-    rs = replay_transition(p, g, (0, 1, 2), inst, gentle=False)
+    rs = replay_transition(p, g, (0, 1, 2), inst, schedule="abrupt")
     assert rs.restarts == 1 and rs.new_homes == 4 and rs.max_restart_wait_s > 0.0
     assert rs.max_restart_wait_s >= rs.max_drain_s - 1.0 and not rs.starved
     assert rs.p99_ttft_s > same.p99_ttft_s          # the restart costs its requests
-    assert rs.waited > 0 and rs.bridged == 0 and not rs.gentle
+    assert rs.waited > 0 and rs.bridged == 0 and rs.schedule == "abrupt"
     (_, _, begin, up), = rs.restart_schedule
     assert begin == 0.0 and up > 0.0
     gs = replay_transition(p, g, (0, 1, 2), inst)
-    assert gs.gentle and gs.bridged > 0 and not gs.starved
-    assert gs.p99_ttft_s <= rs.p99_ttft_s
+    assert gs.schedule == "staggered" and [t[0] for t in gs.tried] == ["staggered"]  # 1 restart
+    assert gs.bridged > 0 and not gs.starved and gs.p99_ttft_s <= rs.p99_ttft_s
+    # two restarts: auto replays them one at a time and both at once, keeps the better
+    g[1] = plan_gpu("h100", LLAMA, 8, list(g[1].adapters), inst.mean_tokens)
+    two = replay_transition(p, g, (0, 1, 2), inst)
+    assert [t[0] for t in two.tried] == ["staggered", "parallel"] and two.restarts == 2
+    assert (two.starved,) + two.damage() == min(t[1:] for t in two.tried)
+    (_, _, b1, u1), (_, _, b2, u2) = two.restart_schedule
+    if two.schedule == "staggered":
+        assert min(u1, u2) <= max(b1, b2)                   # never two restarting at once
+    else:
+        assert b1 == b2 == 0.0
+    assert two.to_dict()["tried"].keys() == {"staggered", "parallel"}
+    with pytest.raises(ValueError, match="schedule"):
+        replay_transition(p, p.gpus, (0, 1, 2), inst, schedule="gentle")
     with pytest.raises(ValueError, match="origin"):
         replay_transition(p, p.gpus, (0, 1), inst)
     with pytest.raises(ValueError, match="warmup_s"):
@@ -272,7 +287,7 @@ def test_a_gentle_switch_spares_a_restart_the_wait_for_its_drain(base):
         plan_gpu("h100", LLAMA, 4, hot, inst.mean_tokens)))
     new = prev.gpus[:2] + (plan_gpu("h100", LLAMA, 8, [(a, 1.0) for a in ads[8:]],
                                     inst.mean_tokens),)
-    abrupt = replay_transition(prev, new, (0, 1, 2), inst, gentle=False)
+    abrupt = replay_transition(prev, new, (0, 1, 2), inst, schedule="abrupt")
     gentle = replay_transition(prev, new, (0, 1, 2), inst)
     assert abrupt.restarts == gentle.restarts == 1
     assert abrupt.starved and abrupt.late > 50 and abrupt.late_steady == 0

@@ -390,6 +390,13 @@ def test_a_gentle_switch_is_make_before_break_with_one_restart_at_a_time():
     assert np.all(ab.gpu[a0 & (arr >= 40.0)] == 3)
     assert ab.switch_log.restart_begin_s[3] == ab.switch_log.restart_begin_s[4] == 40.0
     assert ab.switch_log.bridged == 0 and ab.switch_log.switched_s[0] == 40.0
+    # gentle routing with both restarts at the switch: still make-before-break for adapter 0
+    par = simulate_routed(before, adapters, req, make_router("static", 3), 120.0,
+                          switch=dataclasses.replace(sw, stagger=False))
+    plog = par.switch_log
+    assert plog.restart_begin_s[3] == plog.restart_begin_s[4] == 40.0
+    assert plog.switched_s[0] == pytest.approx(plog.restart_up_s[3] + load_s)
+    assert np.all(par.gpu[a0 & (arr >= 40.0) & (arr < plog.switched_s[0])] == 0)
     with pytest.raises(ValueError, match="restart_order"):
         simulate_routed(before, adapters, req, make_router("static", 3), 120.0,
                         switch=dataclasses.replace(sw, restart_order=(3,)))

@@ -120,7 +120,8 @@ class PlanSwitch:
     and with neither to a *bridge* (below). Once all its new homes are ready the adapter
     follows the new weights and its old homes drain. Restarts run one at a time in
     ``restart_order`` (default: ascending GPU index): the first begins at ``at_s``, each next
-    one when the previous new server is up. A restart stops routing to the old instance, which
+    one when the previous new server is up (``stagger=False``: all at ``at_s``, the routing
+    still gentle). A restart stops routing to the old instance, which
     drains; until then the old instance serves with its old configuration. A bridge is the GPU
     with the fewest outstanding requests (the gateway's live view) among the serving ones that
     can hold the rank and have a free adapter slot, and the adapter's new homes whose restart
@@ -134,6 +135,7 @@ class PlanSwitch:
     gentle: bool = False
     restart_order: tuple[int, ...] = ()
     restart_s: float = 0.0
+    stagger: bool = True
 
     def check(self, plan: RoutingPlan, adapters: Sequence[Adapter]) -> None:
         """The new routing is a valid plan on the same GPUs (adapters retired at the switch have
@@ -342,7 +344,7 @@ def simulate_routed(plan: RoutingPlan, adapters: Sequence[Adapter], requests: Re
                     p = plan.gpus[g]
                     cores[g].register_adapter(i, p.profile.load_time_ms(adapters[i].rank,
                                                                         p.max_lora_rank))
-        if not gentle:                      # every restart at once
+        if not (gentle and switch.stagger):     # every restart at once
             for g in list(restart_queue):
                 begin_restart(g, switch.at_s)
             restart_queue.clear()
