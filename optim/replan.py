@@ -52,10 +52,12 @@ plan in steady state, TTFT, throughput, drain and restart times, the restart sch
 ``starved``: the twin's starvation rule fails over the switch-over window where the new plan in
 steady state passes it or does better, or more requests are late than in steady state) is
 stored in ``params.replan.transition``. The choice then also weighs the switch-over: among the
-candidates in the order above (twin-accepted ones only, when there are), the first whose
-switch-over does not starve wins; when all starve, the least damaging one (fewest late and
-unfinished requests beyond steady state, then the smallest per-GPU throughput shortfall), and
-``params.replan.transition_choice`` says so.
+candidates that cost at most ``switch_allowance`` (``SWITCH_ALLOWANCE`` GPUs) more than the
+first in the order above (twin-accepted ones only, when there are), the first whose
+switch-over does not starve wins; when all of those starve, the least damaging one (fewest
+late and unfinished requests beyond steady state, then the smallest per-GPU throughput
+shortfall), and ``params.replan.transition_choice`` says so. The allowance keeps the churn
+economics: a reshuffle of many adapters is not bought for a clean switch-over.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 DEFAULT_CHURN_WEIGHT = 0.02      # GPUs per adapter move: draining a GPU of < 50 adapters pays
 SHED_MARGIN = 0.97               # shed load down to this fraction of the measured throughput
 SWITCH_SCHEDULES = ("auto", "staggered", "parallel", "abrupt")   # replay_transition's schedule
+SWITCH_ALLOWANCE = 0.25          # GPUs (cost units) a switch-over that does not starve is worth
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class ReplanOptions:
     max_drain_attempts: int = 4
     transition: bool = True      # replay the switch-over in the routed fleet twin
     switch_schedule: str = "auto"    # ... how (replay_transition's ``schedule``)
+    switch_allowance: float = SWITCH_ALLOWANCE
 
     def __post_init__(self) -> None:
         if not (self.churn_weight >= 0 and np.isfinite(self.churn_weight)):
@@ -97,6 +101,9 @@ class ReplanOptions:
                              f"{self.churn_weight!r}")
         if self.max_moves is not None and self.max_moves < 0:
             raise ValueError(f"max_moves: must be >= 0, got {self.max_moves!r}")
+        if not (self.switch_allowance >= 0 and np.isfinite(self.switch_allowance)):
+            raise ValueError("switch_allowance: must be a finite number >= 0, got "
+                             f"{self.switch_allowance!r}")
         if self.switch_schedule not in SWITCH_SCHEDULES:
             raise ValueError(f"switch_schedule: {self.switch_schedule!r} is not one of "
                              f"{list(SWITCH_SCHEDULES)}")
@@ -765,13 +772,16 @@ def choose_by_transition(cands: Sequence[ReplanResult], opts: ReplanOptions,
                          replay: Callable[[ReplanResult], "TransitionReport"]
                          ) -> tuple[ReplanResult, dict[str, "TransitionReport"], str]:
     """:func:`choose`, also weighing each candidate's switch-over (``replay``, called lazily in
-    order of preference): the first whose switch-over does not starve among the twin-accepted
-    candidates (all, when none is accepted); when every one starves, the least damaging
+    order of preference): among the candidates of the first one's twin verdict that cost
+    (``GPUs + churn_weight x moves``) at most ``opts.switch_allowance`` more than it, the first
+    whose switch-over does not starve; when every one of them starves, the least damaging
     (``TransitionReport.damage``, ties in order of preference). Returns (candidate, the reports
     made, by candidate name, a note: empty, or why a starving switch-over was taken)."""
     ranked = _ranked(cands, opts)
+    w = opts.churn_weight
+    limit = ranked[0].cost(w) + opts.switch_allowance + 1e-9
     top = [c for c in ranked if (c.placement.verdict == "accepted")
-           == (ranked[0].placement.verdict == "accepted")]
+           == (ranked[0].placement.verdict == "accepted") and c.cost(w) <= limit]
     reports: dict[str, TransitionReport] = {}
     for c in top:
         reports[c.candidate] = replay(c)
@@ -779,11 +789,12 @@ def choose_by_transition(cands: Sequence[ReplanResult], opts: ReplanOptions,
             return c, reports, ""
     best = min(top, key=lambda c: (reports[c.candidate].damage(), top.index(c)))
     late, short = reports[best.candidate].damage()
-    return best, reports, (f"every candidate's switch-over starves ({', '.join(reports)}); took "
-                           f"the least damaging, '{best.candidate}' ({late} late or unfinished "
-                           f"request(s) beyond steady state, lowest GPU {short:.3f} below it)")
+    return best, reports, (f"the switch-over of every candidate within {opts.switch_allowance:g} "
+                           f"GPU of the cheapest starves ({', '.join(reports)}); took the least "
+                           f"damaging, '{best.candidate}' ({late} late or unfinished request(s) "
+                           f"beyond steady state, lowest GPU {short:.3f} below it)")
 
 
 __all__ = ["ReplanOptions", "ReplanResult", "Churn", "churn_between", "relabel", "carry_over",
            "replan", "choose", "choose_by_transition", "DEFAULT_CHURN_WEIGHT", "TransitionReport",
-           "replay_transition", "SWITCH_SCHEDULES"]
+           "replay_transition", "SWITCH_SCHEDULES", "SWITCH_ALLOWANCE"]

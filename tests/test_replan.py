@@ -157,7 +157,8 @@ def test_choose_weighs_the_switch_over():
             for i in range(gpus)), verdict=verdict)
         return ReplanResult(p, Churn(moves, moves, 0, 0, 0, 0, gpus), (None,) * gpus, name)
     inc, fresh = res(5, 2, "incremental"), res(4, 40, "resolve")
-    opts = ReplanOptions(churn_weight=0.01)             # resolve is cheaper
+    # resolve is cheaper (4.4 vs 5.02 GPUs); a clean switch-over is worth up to 1 GPU here
+    opts = ReplanOptions(churn_weight=0.01, switch_allowance=1.0)
     calls = []
 
     def replay(reports):
@@ -180,6 +181,12 @@ def test_choose_weighs_the_switch_over():
         [inc, fresh], opts, replay({"resolve": _report(10, True, unfinished=5),
                                     "incremental": _report(12, True)}))
     assert best.candidate == "incremental" and "least damaging, 'incremental'" in note
+    # the default allowance (0.25 GPU) does not buy the dearer candidate's clean switch-over
+    calls.clear()
+    best, reps, note = choose_by_transition(
+        [inc, fresh], ReplanOptions(churn_weight=0.01),
+        replay({"resolve": _report(50, True), "incremental": _report(0, False)}))
+    assert best.candidate == "resolve" and calls == ["resolve"] and "within 0.25 GPU" in note
     # a twin-rejected candidate never wins over an accepted one, whatever its switch-over
     bad = res(3, 0, "incremental", verdict="rejected")
     best, _, note = choose_by_transition(
@@ -195,6 +202,8 @@ def test_options_are_checked():
         ReplanOptions(max_moves=-2)
     with pytest.raises(ValueError, match="switch_schedule"):
         ReplanOptions(switch_schedule="slow")
+    with pytest.raises(ValueError, match="switch_allowance"):
+        ReplanOptions(switch_allowance=-0.1)
 
 
 def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
