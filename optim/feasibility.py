@@ -21,8 +21,11 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
+
+from twin.workload import Adapter
 
 from .capacity import BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax
 from .instance import Instance
@@ -82,6 +85,7 @@ def gpu_lower_bound(inst: Instance) -> int:
 
 
 COUNT_BOUND_FROM = 0.85     # measure count-aware caps only where they may raise the bound
+MAX_FULLEST_STEPS = 2       # fullest-GPU checks per bound (each up to hundreds of replays)
 COUNT_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
               1024, 1536, 2048)
 
@@ -95,7 +99,9 @@ class TwinBound:
     carry limit over the GPU types; ``by_count`` = ceil(load / ``count_cap_tps``), the cap of a
     GPU that must hold several adapters because no adapter offers more than
     ``max_adapter_tps``; ``one_gpu_excluded``: every adapter on one GPU starves at every Amax
-    (``one_gpu_excluded``); ``best`` = max of the three (2 for the last). ``count_limits`` lists
+    (``one_gpu_excluded``); ``fullest_excluded_to``: no placement with 2..that many GPUs is
+    accepted, because its fullest GPU must swap and fails (``fullest_gpu_excluded``; 0: not
+    shown); ``best`` = the largest GPU count these leave. ``count_limits`` lists
     the (adapters, carry limit) points measured for ``by_count``."""
 
     instance: str
@@ -108,16 +114,18 @@ class TwinBound:
     by_count: int
     count_limits: tuple[tuple[int, float], ...] = ()
     one_gpu_excluded: bool = False
+    fullest_excluded_to: int = 0
 
     @property
     def best(self) -> int:
-        return max(self.one_adapter, self.by_count, 2 if self.one_gpu_excluded else 1)
+        return max(self.one_adapter, self.by_count, 2 if self.one_gpu_excluded else 1,
+                   self.fullest_excluded_to + 1)
 
     def to_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in ("instance", "duration_s", "load_tps",
                                                   "max_adapter_tps", "gpu_cap_tps",
                                                   "count_cap_tps", "one_adapter", "by_count",
-                                                  "one_gpu_excluded")},
+                                                  "one_gpu_excluded", "fullest_excluded_to")},
                 "best": self.best, "count_limits": [list(x) for x in self.count_limits]}
 
 
@@ -195,9 +203,12 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     the one-adapter bound exceeds ``COUNT_BOUND_FROM`` x the one-adapter cap (the limits of many
     adapters measured on the H100 profiles are >= 0.9 of it, so below that the count-aware cap
     cannot raise the bound; skipping it is sound, it only forgoes tightness). When both leave one
-    GPU possible for a load above that share, ``one_gpu_excluded`` replays the one-GPU
-    placement at every Amax. A twin-accepted placement with ``best`` GPUs is optimal in the
-    twin."""
+    GPU possible for a load above that share, or one GPU would have to swap adapters at every
+    Amax (those limits are measured with every adapter resident), ``one_gpu_excluded`` replays
+    the one-GPU placement at every Amax. With k >= 2 GPUs left, where the fullest GPU must swap
+    at every Amax even with the lightest adapters at the smallest rank,
+    ``fullest_gpu_excluded`` replays that GPU (at most ``MAX_FULLEST_STEPS`` values of k). A
+    twin-accepted placement with ``best`` GPUs is optimal in the twin."""
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     seeds = _bound_seeds(inst)
     thr = inst.starvation_threshold
@@ -233,64 +244,80 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     excluded = (max(lb_one, lb_count) == 1
                 and (total > COUNT_BOUND_FROM * best_one or _swaps_on_one_gpu(inst))
                 and one_gpu_excluded(inst, dur, workers))
+    # k >= 2 GPUs: the fullest holds ceil(adapters / k); where even the lightest such set at
+    # the smallest rank must swap on one GPU, replay it (fullest_gpu_excluded)
+    k, r0, fullest = max(lb_one, lb_count, 2 if excluded else 1), _smallest_rank(inst), 0
+    for _ in range(MAX_FULLEST_STEPS):
+        if (k < 2 or not _must_swap(inst, math.ceil(len(inst.adapters) / k), r0)
+                or not fullest_gpu_excluded(inst, k, dur, workers)):
+            break
+        fullest, k = k, k + 1
     return TwinBound(inst.name, dur, total, lmax, best_one, best_count, lb_one, lb_count,
-                     tuple((int(n), float(v)) for n, v in points), excluded)
+                     tuple((int(n), float(v)) for n, v in points), excluded, fullest)
+
+
+def _must_swap(inst: Instance, n: int, rank: int) -> bool:
+    """``n`` adapters on one GPU at ``max_lora_rank`` ``rank`` do not fit its slots at any
+    startable Amax of any type (every such GPU swaps adapters)."""
+    return n > max(max_startable_amax(t.load_profile(), rank) for t in inst.gpu_types)
 
 
 def _swaps_on_one_gpu(inst: Instance) -> bool:
     """Every adapter on one GPU would not fit its slots at any startable Amax of any type."""
-    rank = max(a.rank for a in inst.adapters)
-    return len(inst.adapters) > max(max_startable_amax(t.load_profile(), rank)
-                                    for t in inst.gpu_types)
+    return _must_swap(inst, len(inst.adapters), max(a.rank for a in inst.adapters))
 
 
-def _one_gpu_key(inst: Instance, duration_s: float) -> str:
-    """Disk-cache key of :func:`one_gpu_excluded`: everything its replays depend on (adapters
-    in order, lengths, window, seeds, threshold, every type's profile and twin fingerprint)."""
+def _gpu_key(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float) -> str:
+    """Disk-cache key of :func:`gpu_excluded`: everything its replays depend on (the adapters in
+    order, the rank, lengths, window, seeds, threshold, every type's profile and twin
+    fingerprint)."""
     from .capacity import SPREAD_SIGMAS, twin_fingerprint
     types = []
     for t in inst.gpu_types:
         prof = t.load_profile()
         types.append([t.name, prof.to_dict(), twin_fingerprint(prof)])
-    blob = json.dumps({"v": 1, "what": "one_gpu_excluded", "duration_s": float(duration_s),
-                       "adapters": [[a.rank, float(a.rate)] for a in inst.adapters],
+    blob = json.dumps({"v": 3, "what": "gpu_excluded", "duration_s": float(duration_s),
+                       "adapters": [[a.rank, float(a.rate)] for a in adapters], "rank": rank,
                        "lengths": inst.lengths.to_dict(), "seed": inst.seed,
                        "bound_seeds": list(_bound_seeds(inst)), "sigmas": SPREAD_SIGMAS,
                        "threshold": float(inst.starvation_threshold), "types": types},
                       sort_keys=True, default=str)
-    return "one_gpu:" + hashlib.sha256(blob.encode()).hexdigest()
+    return "gpu_excluded:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
-def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = None) -> bool:
-    """True when no one-GPU placement of ``inst`` can be twin-accepted with window
-    ``duration_s`` (cached on disk with the carry limits: up to a few hundred hour-long replays
-    for instances with many adapters).
+def gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float,
+                 workers: int | None = None) -> bool:
+    """True when one GPU holding ``adapters`` with ``max_lora_rank`` ``rank`` cannot be
+    twin-accepted with window ``duration_s`` on any type of ``inst`` at any Amax (cached on
+    disk with the carry limits: up to a few hundred hour-long replays for many adapters).
 
-    A one-GPU placement puts every adapter on GPU 0 (workload seed ``inst.seed``); what remains
-    free is the GPU type, Amax, ``max_lora_rank`` and the adapters' order. More slots than
-    adapters + 1, or a higher ``max_lora_rank`` than the largest adapter rank, only add work per
-    step and take KV cache (``capacity`` module docstring), so every Amax 1..min(adapters + 1,
-    largest startable) at the largest rank is replayed (the integer search first, every other
-    Amax only if it finds nothing). The order changes the workload draw, so a GPU counts as
-    failing only when its best score (throughput / (threshold x realised offered)) stays below
-    1 - ``SPREAD_SIGMAS`` x the relative spread of the one-adapter carry limit."""
+    What remains free is the GPU type, Amax and the adapters' order. More slots than
+    adapters + 1 only add work per step and take KV cache (``capacity`` module docstring), so
+    every Amax 1..min(adapters + 1, largest startable) is replayed (the integer search first,
+    every other Amax only if it finds nothing). The order and the GPU's index change the
+    workload draw, so the GPU counts as failing only when its best score (throughput /
+    (threshold x realised offered)) stays below 1 - ``SPREAD_SIGMAS`` x the larger of two
+    spreads: the relative spread of the one-adapter carry limit and the standard deviation of
+    the score at the best Amax over the bound seeds (a GPU that swaps varies more from draw to
+    draw); the mean over those seeds must stay below it too."""
     from .capacity import _disk_get, _disk_put
-    key = _one_gpu_key(inst, duration_s)
+    key = _gpu_key(inst, adapters, rank, duration_s)
     hit = _disk_get(key)
     if hit is not None:
         return bool(hit["excluded"])
-    out = _one_gpu_excluded(inst, duration_s, workers)
-    _disk_put(key, {"excluded": out, "instance": inst.name, "duration_s": float(duration_s)})
+    out = _gpu_excluded(inst, adapters, rank, duration_s, workers)
+    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(adapters),
+                    "rank": rank, "duration_s": float(duration_s)})
     return out
 
 
-def _one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None) -> bool:
+def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float,
+                  workers: int | None) -> bool:
     from .amax_search import amax_upper, twin_scores
     from .integer_search import search_max
     from .placement import plan_gpu
     from .capacity import SPREAD_SIGMAS
-    rank = max(a.rank for a in inst.adapters)
-    pairs = [(a, 1.0) for a in inst.adapters]
+    pairs = [(a, 1.0) for a in adapters]
     seeds = _bound_seeds(inst)
     for t in inst.gpu_types:
         r = _type_rank(inst, t)
@@ -305,13 +332,46 @@ def _one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None) ->
         def score(xs: list[int], plan=plan) -> list[float]:
             return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s, workers)]
 
-        _, best, seen = search_max(score, top)
+        arg, best, seen = search_max(score, top)
         if best >= need:
+            return False
+        # the draw's spread on this GPU (swapping GPUs spread more than one adapter does): the
+        # best Amax replayed with every bound seed; mean + SPREAD_SIGMAS sd must stay below 1
+        per_seed = [twin_scores(inst, plan, [arg], s, duration_s, workers)[0][0] for s in seeds]
+        if not all(np.isfinite(per_seed)):
+            return False
+        sd = float(np.std(per_seed, ddof=1))
+        need = min(need, 1.0 - SPREAD_SIGMAS * sd)
+        if max(best, float(np.mean(per_seed))) >= need:
             return False
         rest = [a for a in range(1, top + 1) if a not in seen]
         if rest and max(score(rest)) >= need:
             return False
     return True
+
+
+def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = None) -> bool:
+    """True when no one-GPU placement of ``inst`` can be twin-accepted with window
+    ``duration_s``: every adapter on one GPU at the largest adapter rank (a higher
+    ``max_lora_rank`` only adds work) fails at every Amax (:func:`gpu_excluded`)."""
+    return gpu_excluded(inst, inst.adapters, max(a.rank for a in inst.adapters), duration_s,
+                        workers)
+
+
+def fullest_gpu_excluded(inst: Instance, k: int, duration_s: float,
+                         workers: int | None = None) -> bool:
+    """True when no twin-accepted placement of ``inst`` uses ``k`` GPUs because of its fullest
+    GPU: some GPU holds at least m = ceil(adapters / k) of them, and one GPU holding the m
+    lightest adapters of the instance, all at its smallest rank, fails at every Amax
+    (:func:`gpu_excluded`). Assumed, as for ``count_cap``, and checked on sampled GPUs by
+    ``tests/test_bounds_twin.py``: fewer adapters, lower rates and a lower rank never turn an
+    accepted GPU into a starving one."""
+    if k < 1:
+        raise ValueError(f"fullest_gpu_excluded: k must be >= 1, got {k}")
+    m = math.ceil(len(inst.adapters) / k)
+    r = _smallest_rank(inst)
+    light = sorted(inst.adapters, key=lambda a: (a.rate, a.rank, a.id))[:m]
+    return gpu_excluded(inst, [Adapter(a.id, r, a.rate) for a in light], r, duration_s, workers)
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,

@@ -92,3 +92,35 @@ def test_carry_limit_falls_with_the_adapter_count():
         se = one.spread_tps / np.sqrt(len(c.per_seed_tps))
         assert means[n] <= float(np.mean(one.per_seed_tps)) + 2 * se
     assert means[16] < means[4] and means[16] < 0.99 * float(np.mean(one.per_seed_tps))
+
+
+def test_lighter_fewer_lower_rank_sets_swap_no_worse(tmp_path):
+    """The assumption of ``fullest_gpu_excluded``: on a GPU that must swap (four slots), the m
+    lightest adapters of an instance at its smallest rank score at least as well as any set of m
+    or more of its adapters at their own ranks (best score over every Amax, mean over 4 seeds,
+    within two standard errors)."""
+    from optim.amax_search import twin_scores
+    from tests.slot_profiles import four_slot_profile
+
+    prof = four_slot_profile(tmp_path)
+    rng = np.random.default_rng(0)
+    ads = [Adapter(f"a{i}", (8, 16)[i % 2], float(r))
+           for i, r in enumerate(2.0 * rng.lognormal(0.0, 0.6, 12))]
+    inst = instance_from_dict({
+        "name": "swap", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
+        "gpus": [{"name": "g", "profile": prof, "count": 4}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+
+    def best(group, rank):
+        plan = plan_gpu("g", prof, 1, [(a, 1.0) for a in group], inst.mean_tokens, rank)
+        return np.array([max(v for v, _ in twin_scores(inst, plan, [1, 2, 3, 4], s, DUR, 2))
+                         for s in range(4)])
+
+    m = 6
+    light = best([Adapter(a.id, 8, a.rate)
+                  for a in sorted(ads, key=lambda a: (a.rate, a.rank, a.id))[:m]], 8)
+    for _ in range(6):
+        group = [ads[i] for i in rng.choice(len(ads), int(rng.integers(m, m + 3)), replace=False)]
+        other = best(group, max(a.rank for a in group))
+        se = np.sqrt((light.var(ddof=1) + other.var(ddof=1)) / 4)
+        assert light.mean() >= other.mean() - 2 * se, (light, other)

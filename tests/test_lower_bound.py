@@ -18,6 +18,7 @@ from optim.feasibility import (TWIN_OPTIMAL, count_cap, gpu_lower_bound, lora_gp
                                placement_claim, twin_certificate, twin_lower_bound)
 from optim.instance import instance_from_dict
 from optim.methods import solve
+from tests.slot_profiles import four_slot_profile
 from twin.fleet import GpuAssignment, simulate_fleet
 from twin.lengths import default_lengths
 from twin.server import ServerConfig
@@ -169,44 +170,67 @@ def test_one_gpu_exclusion_replays_every_amax():
     assert b.best <= max(p.n_gpus, 1) or p.verdict != "accepted"
 
 
+def _swap_inst(n, profile, rate):
+    return instance_from_dict({
+        "name": "swap", "adapters": [{"id": f"a{i}", "rank": 8, "rate": rate} for i in range(n)],
+        "gpus": [{"name": "g", "profile": profile, "count": 4}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+
+
 def test_one_gpu_check_runs_where_one_gpu_must_swap(tmp_path, monkeypatch):
     """Below COUNT_BOUND_FROM of the one-adapter cap the one-GPU check is skipped only where
     every adapter fits the slots of some startable Amax; with more adapters than any type
-    starts slots for (here a profile whose KV table stops at Amax 4), one GPU must swap and the
-    check runs; its result is cached on disk (a second bound replays nothing)."""
-    import json
-
+    starts slots for, one GPU must swap and the check runs; its result is cached on disk (a
+    second bound replays nothing)."""
     import optim.feasibility as feas
-    from twin.profile import load_profile
 
     monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "cache"))
-    d = load_profile(LLAMA).to_dict()
-    d["kv_capacity"] = {k: v for k, v in d["kv_capacity"].items()
-                        if int(k.split(",")[0]) <= 4} or {"4,8": 300000}
-    d["name"] = "llama-four-slots"
-    prof = tmp_path / "four.json"
-    prof.write_text(json.dumps(d))
+    prof = four_slot_profile(tmp_path)
     per = default_lengths().mean_input + default_lengths().mean_output
     rate = 0.3 * _limit().limit_tps / per / 8          # 0.3 of the cap: far below the shortcut
-
-    def inst(n, profile):
-        return instance_from_dict({
-            "name": "swap", "adapters": [{"id": f"a{i}", "rank": 8, "rate": rate}
-                                         for i in range(n)],
-            "gpus": [{"name": "g", "profile": profile, "count": 4}],
-            "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
-
-    assert feas._swaps_on_one_gpu(inst(8, str(prof)))
-    assert not feas._swaps_on_one_gpu(inst(4, str(prof)))
-    assert not feas._swaps_on_one_gpu(inst(8, LLAMA))
+    assert feas._swaps_on_one_gpu(_swap_inst(8, prof, rate))
+    assert not feas._swaps_on_one_gpu(_swap_inst(4, prof, rate))
+    assert not feas._swaps_on_one_gpu(_swap_inst(8, LLAMA, rate))
     calls = []
-    real = feas._one_gpu_excluded
-    monkeypatch.setattr(feas, "_one_gpu_excluded",
-                        lambda *a, **k: calls.append(a[0].name) or real(*a, **k))
-    b = twin_lower_bound(inst(8, str(prof)))
-    assert calls == ["swap"]
+    real = feas._gpu_excluded
+    monkeypatch.setattr(feas, "_gpu_excluded",
+                        lambda inst, ads, *a, **k: calls.append(len(ads)) or real(inst, ads, *a,
+                                                                                  **k))
+    b = twin_lower_bound(_swap_inst(8, prof, rate))
+    assert calls[0] == 8
     assert b.best == (2 if b.one_gpu_excluded else 1)
-    assert twin_lower_bound(inst(8, str(prof))).one_gpu_excluded == b.one_gpu_excluded
-    assert calls == ["swap"]                            # the second answer came from the cache
-    twin_lower_bound(inst(8, LLAMA))                    # all resident at Amax 8: no check
-    assert calls == ["swap"]
+    n_calls = len(calls)
+    assert twin_lower_bound(_swap_inst(8, prof, rate)).one_gpu_excluded == b.one_gpu_excluded
+    assert len(calls) == n_calls                        # the second answer came from the cache
+    twin_lower_bound(_swap_inst(8, LLAMA, rate))        # all resident at Amax 8: no check
+    assert len(calls) == n_calls
+
+
+def test_fullest_gpu_checks_raise_the_bound_step_by_step(tmp_path, monkeypatch):
+    """k >= 2 GPUs: the fullest holds ceil(n / k) adapters; while that many must swap and its
+    lightest set fails, the bound rises (at most MAX_FULLEST_STEPS steps); the replayed set is
+    the lightest adapters at the smallest rank."""
+    import optim.feasibility as feas
+
+    prof = four_slot_profile(tmp_path)
+    seen = []
+
+    def fake(inst, ads, rank, *a, **k):             # sets of 8 or more adapters fail
+        seen.append((len(ads), rank, max(x.rate for x in ads)))
+        return len(ads) >= 8
+    monkeypatch.setattr(feas, "gpu_excluded", fake)
+    inst = instance_from_dict({
+        "name": "mix", "adapters": [{"id": f"a{i}", "rank": (8, 16)[i % 2], "rate": 0.01 * (i + 1)}
+                                    for i in range(16)],
+        "gpus": [{"name": "g", "profile": prof, "count": 8}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+    b = twin_lower_bound(inst)
+    # one GPU (16 adapters at rank 16) fails; 2 GPUs: the fullest holds 8 (the 8 lightest at
+    # rank 8) and fails; 3 GPUs: 6, which pass
+    assert [(n, r) for n, r, _ in seen] == [(16, 16), (8, 8), (6, 8)]
+    assert seen[1][2] == pytest.approx(0.08) and seen[2][2] == pytest.approx(0.06)
+    assert b.one_gpu_excluded and b.fullest_excluded_to == 2 and b.best == 3
+    monkeypatch.setattr(feas, "MAX_FULLEST_STEPS", 0)
+    assert twin_lower_bound(inst).best == 2
+    with pytest.raises(ValueError, match="k must be"):
+        feas.fullest_gpu_excluded(inst, 0, DUR)
