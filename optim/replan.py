@@ -47,8 +47,9 @@ loaded it — and the adapters of a server that is restarting go to serving GPUs
 slots meanwhile (or wait for it when its queue is the shortest); restarts go one at a time
 (the next when the previous is up) or, when that starves or does more damage, all at once
 (``auto``: both are replayed when two servers or more restart). ``abrupt`` is the switch
-without care: moves at once, every restart at the switch, its requests waiting for it. The report (late and unfinished requests against the new
-plan in steady state, TTFT, throughput, drain and restart times, the restart schedule;
+without care: moves at once, every restart at the switch, its requests waiting for it. The
+report (late and unfinished requests against the new plan in steady state, TTFT, throughput,
+drain and restart times, the restart schedule;
 ``starved``: the twin's starvation rule fails over the switch-over window where the new plan in
 steady state passes it or does better, or more requests are late than in steady state) is
 stored in ``params.replan.transition``. The choice then also weighs the switch-over: among the
@@ -769,8 +770,8 @@ def choose(cands: Sequence[ReplanResult], opts: ReplanOptions) -> ReplanResult:
 
 
 def choose_by_transition(cands: Sequence[ReplanResult], opts: ReplanOptions,
-                         replay: Callable[[ReplanResult], "TransitionReport"]
-                         ) -> tuple[ReplanResult, dict[str, "TransitionReport"], str]:
+                         replay: Callable[[ReplanResult], TransitionReport]
+                         ) -> tuple[ReplanResult, dict[str, TransitionReport], str]:
     """:func:`choose`, also weighing each candidate's switch-over (``replay``, called lazily in
     order of preference): among the candidates of the first one's twin verdict that cost
     (``GPUs + churn_weight x moves``) at most ``opts.switch_allowance`` more than it, the first
