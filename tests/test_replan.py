@@ -130,18 +130,21 @@ def test_relabel_maximises_overlap_against_brute_force():
     assert c.loads == sum(len(g.adapters) for g in new) - best
 
 
+def _candidate(gpus, moves, name, verdict="accepted"):
+    """A candidate of ``gpus`` one-adapter GPUs and ``moves`` adapter moves."""
+    p = Placement("x", "m", "solved", tuple(
+        plan_gpu("h100", LLAMA, 1, [(Adapter(f"{name}{i}", 8, 1.0), 1.0)], 400.0)
+        for i in range(gpus)), verdict=verdict)
+    return ReplanResult(p, Churn(moves, moves, 0, 0, 0, 0, gpus), (None,) * gpus, name)
+
+
 def test_choose_respects_the_budget():
-    def res(gpus, moves, name, verdict="accepted"):
-        p = Placement("x", "m", "solved", tuple(
-            plan_gpu("h100", LLAMA, 1, [(Adapter(f"{name}{i}", 8, 1.0), 1.0)], 400.0)
-            for i in range(gpus)), verdict=verdict)
-        return ReplanResult(p, Churn(moves, moves, 0, 0, 0, 0, gpus), (None,) * gpus, name)
-    inc, fresh = res(5, 2, "incremental"), res(4, 40, "resolve")
+    inc, fresh = _candidate(5, 2, "incremental"), _candidate(4, 40, "resolve")
     assert choose([inc, fresh], ReplanOptions(churn_weight=0.01)).candidate == "resolve"
     assert choose([inc, fresh], ReplanOptions(churn_weight=0.1)).candidate == "incremental"
     assert choose([inc, fresh], ReplanOptions(max_moves=10)).candidate == "incremental"
     assert choose([inc, fresh], ReplanOptions(max_moves=50)).candidate == "resolve"
-    bad = res(3, 0, "incremental", verdict="rejected")
+    bad = _candidate(3, 0, "incremental", verdict="rejected")
     assert choose([bad, fresh], ReplanOptions(churn_weight=1.0)).candidate == "resolve"
 
 
@@ -151,12 +154,7 @@ def _report(late, starved, unfinished=0, worst=0.95):
 
 
 def test_choose_weighs_the_switch_over():
-    def res(gpus, moves, name, verdict="accepted"):
-        p = Placement("x", "m", "solved", tuple(
-            plan_gpu("h100", LLAMA, 1, [(Adapter(f"{name}{i}", 8, 1.0), 1.0)], 400.0)
-            for i in range(gpus)), verdict=verdict)
-        return ReplanResult(p, Churn(moves, moves, 0, 0, 0, 0, gpus), (None,) * gpus, name)
-    inc, fresh = res(5, 2, "incremental"), res(4, 40, "resolve")
+    inc, fresh = _candidate(5, 2, "incremental"), _candidate(4, 40, "resolve")
     # resolve is cheaper (4.4 vs 5.02 GPUs); a clean switch-over is worth up to 1 GPU here
     opts = ReplanOptions(churn_weight=0.01, switch_allowance=1.0)
     calls = []
@@ -188,7 +186,7 @@ def test_choose_weighs_the_switch_over():
         replay({"resolve": _report(50, True), "incremental": _report(0, False)}))
     assert best.candidate == "resolve" and calls == ["resolve"] and "within 0.25 GPU" in note
     # a twin-rejected candidate never wins over an accepted one, whatever its switch-over
-    bad = res(3, 0, "incremental", verdict="rejected")
+    bad = _candidate(3, 0, "incremental", verdict="rejected")
     best, _, note = choose_by_transition(
         [bad, fresh], ReplanOptions(churn_weight=1.0),
         replay({"resolve": _report(40, True), "incremental": _report(0, False)}))
