@@ -3,7 +3,9 @@
 ``deploy PLAN --out DIR [--force] [--model-id ID] [--adapter-dir D] [--namespace NS]
 [--base-port P] [--gpus-per-host N] [--allow-rejected]`` writes the deployment files of one plan
 (``optim.deploy``). ``replan --previous PLAN INSTANCE [--churn-weight W | --max-moves K]
-[--no-resolve] [--json OUT] [--force]`` re-plans for a drifted instance (``optim.replan``).
+[--no-resolve] [--no-transition] [--switch-schedule S] [--switch-allowance G] [--json OUT]
+[--force]`` re-plans for a drifted instance (``optim.replan``) and prints the switch-over's
+replay.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ import sys
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_REJECTED, CliError, HelpFormatter,
                               check_output, float_above, int_at_least, nonneg_int, write_output)
 from twin.limits import MAX_DURATION_S
+
+# optim.replan.SWITCH_SCHEDULES, spelled out: importing optim.replan would slow every
+# `python -m optim` start-up by half a second (tests/test_replan.py checks they agree)
+CLI_SWITCH_SCHEDULES = ("auto", "staggered", "parallel", "abrupt")
 
 
 def cmd_deploy(a: argparse.Namespace) -> int:
@@ -50,7 +56,10 @@ def cmd_replan(a: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     opts = ReplanOptions(churn_weight=a.churn_weight if a.churn_weight is not None else
                          ReplanOptions.churn_weight, max_moves=a.max_moves,
-                         duration_s=a.duration, workers=a.workers)
+                         duration_s=a.duration, workers=a.workers, transition=a.transition,
+                         switch_schedule=a.switch_schedule,
+                         switch_allowance=(a.switch_allowance if a.switch_allowance is not None
+                                           else ReplanOptions.switch_allowance))
     import twin.fleet
     twin.fleet.show_progress = not a.quiet
     try:
@@ -70,6 +79,14 @@ def cmd_replan(a: argparse.Namespace) -> int:
     print(f"churn: moves={c.moves} loads={c.loads} unloads={c.unloads} "
           f"gpus_added={c.gpus_added} gpus_removed={c.gpus_removed} restarts={c.restarts} "
           f"kept_gpus={c.kept_gpus} candidate={res.candidate}")
+    info = p.params["replan"]
+    t = info["transition"]
+    if t is not None:
+        print(f"switch-over (replayed in the routed fleet twin): schedule={t['schedule']} "
+              f"starved={t['starved']} late={t['late']} (steady {t['late_steady']}) "
+              f"unfinished={t['unfinished']} (steady {t['unfinished_steady']}) "
+              f"restarts={t['restarts']} new_homes={t['new_homes']}"
+              + (f"; {info['transition_choice']}" if info["transition_choice"] else ""))
     if json_out is not None:
         write_output(json_out, p.to_json())
         print(f"wrote {json_out}")
@@ -124,6 +141,18 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    metavar="S", help="twin window in seconds (default: the instance's)")
     r.add_argument("--workers", type=int_at_least(1, 256), default=None,
                    help="processes for twin replays (default: all cores)")
+    r.add_argument("--transition", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay each candidate's switch-over in the routed fleet twin and "
+                        "prefer one that does not starve")
+    r.add_argument("--switch-schedule", choices=CLI_SWITCH_SCHEDULES, default="auto",
+                   help="how servers restart at the switch-over: one at a time (staggered), "
+                        "all at once (parallel), auto (the better of the two), or abrupt "
+                        "(no make-before-break)")
+    r.add_argument("--switch-allowance", type=float_above(0.0, inclusive=True),
+                   default=None, metavar="GPUS",
+                   help="extra cost (GPUs + churn weight x moves) a candidate whose switch-over "
+                        "does not starve may have over a cheaper one that starves (default "
+                        "0.25)")
     r.add_argument("--json", default=None, help="write the new plan (JSON, with params.replan)")
     r.add_argument("--force", action="store_true", help="overwrite --json")
     r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")

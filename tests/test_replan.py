@@ -204,6 +204,12 @@ def test_options_are_checked():
         ReplanOptions(switch_allowance=-0.1)
 
 
+def test_cli_switch_schedules_are_the_library_ones():
+    from optim.cli_deploy import CLI_SWITCH_SCHEDULES
+    from optim.replan import SWITCH_ALLOWANCE, SWITCH_SCHEDULES
+    assert CLI_SWITCH_SCHEDULES == SWITCH_SCHEDULES and SWITCH_ALLOWANCE == 0.25   # --help
+
+
 def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
     inst, p = base
     prev = tmp_path / "prev.json"
@@ -220,6 +226,21 @@ def test_cli_replan_end_to_end_and_errors(tmp_path, capsys, base):
     trans = rec["params"]["replan"]["transition"]       # the switch-over was replayed
     assert trans["new_homes"] == 0 and trans["late"] == 0 and not trans["starved"]
     assert trans["requests"] > 1000
+    assert f"switch-over (replayed in the routed fleet twin): schedule={trans['schedule']} " \
+           "starved=False late=0" in text
+    # the switch-over options reach the re-plan; without the replay there is no switch-over line
+    rc = main(["replan", str(ip), "--previous", str(prev), "--no-resolve", "--workers", "1",
+               "--max-moves", "0", "--json", str(out), "--force", "--quiet",
+               "--switch-schedule", "abrupt", "--switch-allowance", "0"])
+    assert rc == 0 and "schedule=abrupt" in capsys.readouterr().out
+    assert json.loads(out.read_text())["params"]["replan"]["transition"]["schedule"] == "abrupt"
+    rc = main(["replan", str(ip), "--previous", str(prev), "--no-resolve", "--workers", "1",
+               "--max-moves", "0", "--quiet", "--no-transition"])
+    assert rc == 0 and "switch-over" not in capsys.readouterr().out
+    for bad in (["--switch-schedule", "slow"], ["--switch-allowance", "-1"]):
+        with pytest.raises(SystemExit):
+            main(["replan", str(ip), "--previous", str(prev), *bad])
+        assert bad[0] in capsys.readouterr().err
     assert main(["replan", str(ip), "--previous", str(prev), "--json", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     with pytest.raises(SystemExit):
