@@ -100,9 +100,9 @@ def test_profile_round_trip_recovers_the_served_profile(tmp_path):
     ref = load_profile(PROFILE)
     fitted, rep = calibrate(tmp_path / "data", PROFILE)
     checks = {c.name: c for c in coefficient_checks(ref, fitted)}
-    # identified by this subset: the knee term needs more batch sizes (in `--study quick`:
-    # experiments/profile_round_trip.py, README); the per-slot-and-token term c6 is pinned by the LoRA prefill
-    # windows at 8 and 64 slots, the rank term c10 by those at max_lora_rank 32 against 8, the
+    # identified by this subset (the knee term needs more batch sizes: `--study quick`,
+    # experiments/profile_round_trip.py, README): the per-slot-and-token term c6 is pinned by
+    # the LoRA prefill windows at 8 and 64 slots, the rank term c10 by those at max_lora_rank 32 against 8, the
     # waiting-queue term c9 by the full-adapter decode windows (8 and 64 slots, at least 2
     # requests per slot) with and without 2000 skipped requests queued behind them
     # (6 runs at load average 2-4: every one of these within 2.2 %; before windows waited for
