@@ -278,6 +278,28 @@ def test_windows_start_when_the_server_holds_the_run_and_every_adapter():
     assert starts == [4.0, 5.0]
 
 
+def test_a_run_without_a_saturated_window_is_repeated(tmp_path, capsys):
+    """A run that yields no window is run again (at most RUN_ATTEMPTS times, said on stderr);
+    the last attempt's run row and windows are kept, with its attempt count."""
+    from twin.harness.profile_runs import RUN_ATTEMPTS, Profiler, RunResult
+
+    prof = Profiler(Namespace(time_scale=20.0), PROFILE, tmp_path, quiet=False)
+    wins = iter([[], [], [{"w": 1}]])
+    assert RUN_ATTEMPTS == 3
+
+    def once():
+        return {"row": {"run_name": "r"}}, RunResult((), (), 10, 20, 1.5), next(wins)
+    assert prof._attempts("decode r", once)[2] == [{"w": 1}]
+    assert prof.tables.runs[-1]["attempts"] == 3 and prof.tables.windows == [{"w": 1}]
+    assert prof.tables.runs[-1]["duration_s"] == 30.0 and prof.repeated_runs() == 1
+    err = capsys.readouterr().err
+    assert "decode r: no saturated window in attempt 1 of 3; running it again" in err
+    prof._attempts("decode s", lambda: ({"row": {"run_name": "s"}},
+                                        RunResult((), (), 1, 1, 1.0), []))
+    assert prof.tables.runs[-1]["attempts"] == 3 and prof.tables.windows == [{"w": 1}]
+    assert "attempt 3 of 3; left out" in capsys.readouterr().err
+
+
 def _cli(args, tmp_path):
     r = subprocess.run([sys.executable, "-m", "twin.harness", *args], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)

@@ -558,6 +558,10 @@ class Profiler:
         if self.bar is not None:
             self.bar.set_postfix_str(msg[:60])
 
+    def repeated_runs(self) -> int:
+        """Runs that needed more than one attempt (see :meth:`_attempts`)."""
+        return sum(r.get("attempts", 1) > 1 for r in self.tables.runs)
+
     def warn(self, msg: str) -> None:
         """A line on stderr (above the progress bar) unless quiet."""
         if not self.quiet:
@@ -965,8 +969,8 @@ def run_profile_cli(a: argparse.Namespace) -> int:
     files = write_tables(prof.tables, out, model_name)
     print(f"profiled {model_name} ({a.study} study, {prof.n_started} server starts, "
           f"{time.perf_counter() - t0:.0f} s): {len(prof.tables.windows)} windows, "
-          f"{len(prof.tables.runs)} runs, {len(prof.tables.memory)} KV configurations, "
-          f"{len(prof.tables.loads)} adapter loads")
+          f"{len(prof.tables.runs)} runs ({prof.repeated_runs()} repeated), "
+          f"{len(prof.tables.memory)} KV configurations, {len(prof.tables.loads)} adapter loads")
     for f in files:
         print(f"wrote {f}")
     print(f"next: python -m twin calibrate --data {out} --model {model_name} --out PROFILE.json")
