@@ -43,14 +43,19 @@ def amax_upper(plan: GpuPlan) -> int:
     return min(plan.n_adapters + 1, max_startable_amax(plan.profile, plan.max_lora_rank))
 
 
-def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int], seed: int,
-                duration_s: float, workers: int | None = None) -> list[tuple[float, object]]:
-    """(score, twin metrics) of ``plan`` at each Amax, all replaying the workload of ``seed``."""
+def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
+                seed: int | Sequence[int], duration_s: float,
+                workers: int | None = None) -> list[tuple[float, object]]:
+    """(score, twin metrics) of ``plan`` at each Amax, replaying the workload of ``seed`` (one
+    seed for every Amax, or one per Amax), all in one parallel fleet run."""
+    seeds = [int(seed)] * len(amaxes) if isinstance(seed, (int, np.integer)) else list(seed)
+    if len(seeds) != len(amaxes):
+        raise ValueError(f"twin_scores: {len(seeds)} seeds for {len(amaxes)} Amax values")
     cands = [GpuPlan(plan.gpu_type, plan.profile, int(a), plan.max_lora_rank, plan.adapters,
                      plan.offered_tps, plan.predicted) for a in amaxes]
     jobs = [c.twin_assignment(inst.starvation_threshold) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
-                         check_routing=False, seeds=[seed] * len(jobs))
+                         check_routing=False, seeds=seeds)
     out = []
     for m in res.per_gpu:
         if m.memory_error or m.offered_realised_tps <= 0:

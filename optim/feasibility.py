@@ -336,8 +336,11 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         if best >= need:
             return False
         # the draw's spread on this GPU (swapping GPUs spread more than one adapter does): the
-        # best Amax replayed with every bound seed; mean + SPREAD_SIGMAS sd must stay below 1
-        per_seed = [twin_scores(inst, plan, [arg], s, duration_s, workers)[0][0] for s in seeds]
+        # best Amax replayed with every bound seed (the search's seed is seeds[0], scored
+        # already); mean + SPREAD_SIGMAS sd must stay below 1
+        others = [s for s in seeds if s != inst.seed]
+        per_seed = [best] + [v for v, _ in twin_scores(inst, plan, [arg] * len(others), others,
+                                                       duration_s, workers)]
         if not all(np.isfinite(per_seed)):
             return False
         sd = float(np.std(per_seed, ddof=1))
