@@ -367,9 +367,9 @@ def _intervals(sc: Sequence[Scrape], period_gaps: float | None,
     of the cohorts, so the window's mean context is the steady-state one. Counted in
     server-recorded gaps, the cut does not depend on how fast the client or server ran (a
     loaded client scrapes less often; longer spans keep the windows). Every window starts at
-    or after ``after``; a period window has more than ``fillers`` requests waiting at every scrape in it (a
-    run's own requests, not only queue fillers: once those are all admitted, the batch thins
-    out and takes fillers)."""
+    or after ``after``; a period window has more than ``fillers`` requests waiting at every
+    scrape in it (a run's own requests, not only queue fillers: once those are all admitted,
+    the batch thins out and takes fillers)."""
     if not period_gaps:
         return [(i, i + 1) for i in range(len(sc) - 1)
                 if after is None or sc[i].wall >= after]
@@ -677,10 +677,11 @@ class Profiler:
         (nothing waits behind it, so no window ends in it)."""
         return setup.max_num_seqs * (int(np.ceil(self.plan.steady_steps / outl)) + 2)
 
-    def _attempts(self, what: str, once) -> tuple[dict, RunResult, list[dict]]:
+    def _attempts(self, what: str, once) -> list[dict]:
         """Run ``once()`` -> (info, run, windows) until it yields a window, at most
         ``RUN_ATTEMPTS`` times (a busy machine or a hiccup can leave a run without a
-        saturated stretch of whole periods); record the last attempt's run row and windows."""
+        saturated stretch of whole periods); record the last attempt's run row and windows
+        and return the windows."""
         for attempt in range(1, RUN_ATTEMPTS + 1):
             info, run, wins = once()
             if wins:
@@ -693,7 +694,7 @@ class Profiler:
         row["total_throughput_tps"] = (run.input_tokens + run.output_tokens) / row["duration_s"]
         self.tables.runs.append(row)
         self.tables.windows.extend(wins)
-        return info, run, wins
+        return wins
 
     def decode_run(self, setup: ServerSetup, study: str, url: str, kv: int | None, restrict: int,
                    inl: int, outl: int, queue: int = 0) -> list[dict]:
@@ -705,7 +706,7 @@ class Profiler:
             return info, run, _windows(run, info["base"], restrict, lockstep=inl == 1,
                                        period_gaps=(setup.max_num_seqs * (outl - 1)
                                                     if inl == 1 else None))
-        return self._attempts(f"{study} K{restrict} in{inl} out{outl} Q{queue}", once)[2]
+        return self._attempts(f"{study} K{restrict} in{inl} out{outl} Q{queue}", once)
 
     def prefill_run(self, setup: ServerSetup, url: str, kv: int | None, inl: int,
                     restrict: int = 0, study: str = "prefill_baseline") -> None:
