@@ -560,6 +560,7 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
     worst_steady = completed(steady, req_s)[1]
     new_homes = sum(len(set(a) - set(b)) for a, b in zip(after_h, before_h))
     plan = RoutingPlan(tuple(gpus), before_h, before_w)
+    n_restarts = sum(o >= 0 for o in starts_after)
 
     def replay(name: str) -> TransitionReport:
         switch = PlanSwitch(float(warmup_s), after_h, after_w, tuple(starts_after),
@@ -598,12 +599,10 @@ def replay_transition(prev: Placement, new: Sequence[GpuPlan], origin: Sequence[
         below = worst < inst.starvation_threshold and worst < worst_steady
         return TransitionReport(float(warmup_s), dur, int(after.sum()), late, late_steady,
                                 unfinished, unfinished_steady, p99(after), p99(~after), ratio,
-                                worst, worst_steady, int(new_homes),
-                                sum(o >= 0 for o in starts_after), max(drain, 0.0),
+                                worst, worst_steady, int(new_homes), n_restarts, max(drain, 0.0),
                                 max(restart_wait, 0.0), bool(below or late > late_steady), name,
                                 restarts, float(on_old), int(log.bridged), int(log.waited))
 
-    n_restarts = sum(o >= 0 for o in starts_after)
     if schedule != "auto":
         return replay(schedule)
     # the gentle schedules differ only with two restarts or more: then both are replayed and
