@@ -267,22 +267,23 @@ def _swaps_on_one_gpu(inst: Instance) -> bool:
     return _must_swap(inst, len(inst.adapters), max(a.rank for a in inst.adapters))
 
 
-def _gpu_key(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float) -> str:
-    """Disk-cache key of :func:`gpu_excluded`: everything its replays depend on (the adapters in
-    order, the rank, lengths, window, seeds, threshold, every type's profile and twin
-    fingerprint)."""
+def _gpu_key(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float,
+             what: str = "gpu_excluded") -> str:
+    """Disk-cache key of :func:`gpu_excluded` (or of another check named ``what``): everything its
+    replays depend on (the adapters in order, the rank, lengths, window, seeds, threshold, every
+    type's profile and twin fingerprint)."""
     from .capacity import SPREAD_SIGMAS, twin_fingerprint
     types = []
     for t in inst.gpu_types:
         prof = t.load_profile()
         types.append([t.name, prof.to_dict(), twin_fingerprint(prof)])
-    blob = json.dumps({"v": 3, "what": "gpu_excluded", "duration_s": float(duration_s),
+    blob = json.dumps({"v": 4, "what": what, "duration_s": float(duration_s),
                        "adapters": [[a.rank, float(a.rate)] for a in adapters], "rank": rank,
                        "lengths": inst.lengths.to_dict(), "seed": inst.seed,
                        "bound_seeds": list(_bound_seeds(inst)), "sigmas": SPREAD_SIGMAS,
                        "threshold": float(inst.starvation_threshold), "types": types},
                       sort_keys=True, default=str)
-    return "gpu_excluded:" + hashlib.sha256(blob.encode()).hexdigest()
+    return f"{what}:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 def gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float,
@@ -354,11 +355,55 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
 
 
 def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = None) -> bool:
-    """True when no one-GPU placement of ``inst`` can be twin-accepted with window
-    ``duration_s``: every adapter on one GPU at the largest adapter rank (a higher
-    ``max_lora_rank`` only adds work) fails at every Amax (:func:`gpu_excluded`)."""
-    return gpu_excluded(inst, inst.adapters, max(a.rank for a in inst.adapters), duration_s,
-                        workers)
+    """True when no one-GPU placement of ``inst`` is twin-accepted with window ``duration_s``.
+
+    Exact in the twin, without a margin: a one-GPU placement holds every adapter, verification
+    gives its only GPU the seed ``inst.seed`` and the twin takes a GPU's adapters in id order
+    (``GpuPlan.twin_assignment``), so its draw is fixed and what remains free is the GPU type,
+    ``max_lora_rank`` (every supported rank >= the largest adapter rank is replayed) and Amax.
+    Every Amax 1..min(adapters + 1, largest startable) is replayed (the integer search first,
+    the others only if it finds nothing): more slots than adapters + 1 are never filled and only
+    add work per step and take KV cache (``capacity`` module docstring). A power cap only slows
+    a GPU. Cached on disk."""
+    from .capacity import _disk_get, _disk_put
+    top_rank = max(a.rank for a in inst.adapters)
+    key = _gpu_key(inst, inst.adapters, top_rank, duration_s, what="one_gpu_excluded")
+    hit = _disk_get(key)
+    if hit is not None:
+        return bool(hit["excluded"])
+    out = not _one_gpu_accepted(inst, duration_s, workers)
+    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
+                    "duration_s": float(duration_s)})
+    return out
+
+
+def _one_gpu_accepted(inst: Instance, duration_s: float, workers: int | None) -> bool:
+    """Some (type, max_lora_rank, Amax) serves every adapter of ``inst`` on one GPU unstarved
+    in its verification draw (``one_gpu_excluded``)."""
+    from .amax_search import amax_upper, twin_scores
+    from .integer_search import search_max
+    from .placement import plan_gpu
+    pairs = [(a, 1.0) for a in inst.adapters]
+    need_rank = max(a.rank for a in inst.adapters)
+    for t in inst.gpu_types:
+        prof = t.load_profile()
+        for rank in sorted(x for x in prof.supported_ranks if x >= need_rank):
+            if max_startable_amax(prof, rank) < 1:
+                continue
+            plan = plan_gpu(t.name, t.profile, 1, pairs, inst.mean_tokens, rank)
+            top = amax_upper(plan)
+
+            def score(xs: list[int], plan=plan) -> list[float]:
+                return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s,
+                                                  workers)]
+
+            _, best, seen = search_max(score, top)
+            if best >= 1.0:
+                return True
+            rest = [a for a in range(1, top + 1) if a not in seen]
+            if rest and max(score(rest)) >= 1.0:
+                return True
+    return False
 
 
 def fullest_gpu_excluded(inst: Instance, k: int, duration_s: float,

@@ -81,9 +81,12 @@ class GpuPlan:
                             power_cap_w=self.power_cap_w)
 
     def twin_assignment(self, starvation_threshold: float = 0.9) -> GpuAssignment:
-        """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``)."""
+        """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``), its adapters in
+        id order: the twin draws adapter ``i``'s requests from child ``i`` of the GPU's seed, so
+        the order fixes the draw, and a GPU is a set of adapters — listing them in another order
+        must not change the verdict (``feasibility.one_gpu_excluded`` relies on it)."""
         return GpuAssignment(self.profile, self.server_config(starvation_threshold),
-                             self.adapters)
+                             tuple(sorted(self.adapters, key=lambda p: p[0].id)))
 
     def to_dict(self) -> dict[str, Any]:
         return {

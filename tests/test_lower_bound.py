@@ -170,6 +170,40 @@ def test_one_gpu_exclusion_replays_every_amax():
     assert b.best <= max(p.n_gpus, 1) or p.verdict != "accepted"
 
 
+def test_one_gpu_exclusion_is_exact_and_order_free():
+    """A one-GPU placement's verdict depends on its adapters as a set (the twin takes them in id
+    order), so one_gpu_excluded, which replays every Amax without a margin, agrees exactly with
+    verifying every one-GPU placement, whatever order it lists its adapters in."""
+    from optim.placement import Placement, plan_gpu
+    from optim.verify import verify
+
+    cap = _limit().limit_tps
+    per = default_lengths().mean_input + default_lengths().mean_output
+    rng = np.random.default_rng(3)
+    w = rng.dirichlet(np.ones(10))
+    outcomes = set()
+    for load in (0.92, 0.925, 0.93):              # around the edge: both outcomes occur
+        inst = _inst([(8, load * cap / per * x) for x in w])
+        excluded = one_gpu_excluded(inst, DUR)
+        outcomes.add(excluded)
+        t = inst.gpu_types[0]
+        accepted = []
+        for rank in t.load_profile().supported_ranks:      # every rank >= the adapters' 8
+            for amax in range(1, 12):                      # 1..adapters + 1
+                order = list(rng.permutation(len(inst.adapters)))
+                pairs = [(inst.adapters[i], 1.0) for i in order]
+                plan = plan_gpu(t.name, t.profile, amax, pairs, inst.mean_tokens, rank)
+                p = Placement(inst.name, "manual", "solved", (plan,))
+                v1 = verify(p, inst, duration_s=DUR, workers=2)
+                v2 = verify(p.with_(gpus=(plan_gpu(t.name, t.profile, amax, pairs[::-1],
+                                                   inst.mean_tokens, rank),)),
+                            inst, duration_s=DUR, workers=2)
+                assert v1.gpus[0].verified == v2.gpus[0].verified      # order-free
+                accepted.append(v1.verdict == "accepted")
+        assert excluded == (not any(accepted)), (load, accepted)
+    assert outcomes == {True, False}
+
+
 def _swap_inst(n, profile, rate):
     return instance_from_dict({
         "name": "swap", "adapters": [{"id": f"a{i}", "rank": 8, "rate": rate} for i in range(n)],
@@ -192,10 +226,10 @@ def test_one_gpu_check_runs_where_one_gpu_must_swap(tmp_path, monkeypatch):
     assert not feas._swaps_on_one_gpu(_swap_inst(4, prof, rate))
     assert not feas._swaps_on_one_gpu(_swap_inst(8, LLAMA, rate))
     calls = []
-    real = feas._gpu_excluded
-    monkeypatch.setattr(feas, "_gpu_excluded",
-                        lambda inst, ads, *a, **k: calls.append(len(ads)) or real(inst, ads, *a,
-                                                                                  **k))
+    real = feas._one_gpu_accepted
+    monkeypatch.setattr(feas, "_one_gpu_accepted",
+                        lambda inst, *a, **k: calls.append(len(inst.adapters)) or real(inst, *a,
+                                                                                        **k))
     b = twin_lower_bound(_swap_inst(8, prof, rate))
     assert calls[0] == 8
     assert b.best == (2 if b.one_gpu_excluded else 1)
@@ -219,6 +253,9 @@ def test_fullest_gpu_checks_raise_the_bound_step_by_step(tmp_path, monkeypatch):
         seen.append((len(ads), rank, max(x.rate for x in ads)))
         return len(ads) >= 8
     monkeypatch.setattr(feas, "gpu_excluded", fake)
+    monkeypatch.setattr(feas, "one_gpu_excluded",
+                        lambda inst, *a, **k: fake(inst, inst.adapters,
+                                                   max(x.rank for x in inst.adapters)))
     inst = instance_from_dict({
         "name": "mix", "adapters": [{"id": f"a{i}", "rank": (8, 16)[i % 2], "rate": 0.01 * (i + 1)}
                                     for i in range(16)],
