@@ -73,7 +73,8 @@ def _backbone_run(prof: GpuProfile, lengths: LengthModel, offered_tps: float,
     kv_blocks = prof.backbone_kv_tokens // prof.block_size
     K.simulate_kernel(reqs.arrival_s, reqs.adapter.astype(np.int64),
                       reqs.input_len.astype(np.int64), reqs.output_len.astype(np.int64), 1,
-                      np.zeros(1), 0, min(prof.supported_ranks), kv_blocks, prof.block_size,
+                      np.zeros(1), np.zeros(1, np.int64), 0, min(prof.supported_ranks),
+                      kv_blocks, prof.block_size,
                       prof.max_num_batched_tokens, prof.max_num_seqs, float(duration_s),
                       prof.step_coef_array(), 0, first_t, finish_t, stats, hist)
     m = compute_metrics(reqs.arrival_s, reqs.input_len, reqs.output_len, first_t, finish_t,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from twin import kernel as K
 from twin.profile import load_profile
+from twin.adapter_cache import activation_ranks
 from twin.reference_kernel import simulate_reference
 
 COEF = load_profile("llama-3.1-8b-instruct").step_coef_array()
@@ -25,13 +26,18 @@ def make_case(seed: int, n_req: int, n_adapters: int, max_len: int, duration: fl
     return arrival, adapter, in_len, out_len, load_ms
 
 
+def _order(n_adapters: int) -> np.ndarray:
+    return activation_ranks([f"a{i}" for i in range(n_adapters)])
+
+
 def run_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, amax, kv_blocks,
                budget, max_seqs, duration, block=16, max_waiting=0, max_rank=16):
     n = len(arrival)
     first, finish = np.full(n, -1.0), np.full(n, -1.0)
     stats, hist = np.zeros(K.N_STATS), np.zeros(K.ITL_HIST_BINS, np.int64)
     n_run, n_wait, computed, gen = K.simulate_kernel(
-        arrival, adapter, in_len, out_len, n_adapters, load_ms, amax, max_rank, kv_blocks, block,
+        arrival, adapter, in_len, out_len, n_adapters, load_ms, _order(n_adapters), amax,
+        max_rank, kv_blocks, block,
         budget, max_seqs, duration, COEF, max_waiting, first, finish, stats, hist)
     return first, finish, stats, hist, n_run, n_wait, computed, gen
 
@@ -67,7 +73,7 @@ def _run_pair(c, duration=30.0):
         observed.append((sched.kv.used_blocks, len(plan.adapters), len(sched.running)))
 
     ref = simulate_reference(arrival, adapter, in_len, out_len, c["n_adapters"], load_ms,
-                             c["amax"], rank, c["kv_blocks"], 16, c["budget"], c["max_seqs"],
+                             _order(c["n_adapters"]), c["amax"], rank, c["kv_blocks"], 16, c["budget"], c["max_seqs"],
                              duration, COEF, max_waiting=c.get("max_waiting", 0),
                              observer=observer)
     return args, fast, ref, observed
@@ -126,7 +132,7 @@ def test_tight_cache_preempts_and_still_finishes():
     out_len = np.full(n, 100, np.int64)
     args = (arrival, adapter, in_len, out_len, 3, np.ones(3), 3, 20, 2048, 2048, 600.0)
     fast = run_kernel(*args)
-    ref = simulate_reference(*args[:7], 16, 20, 16, 2048, 2048, 600.0, COEF)
+    ref = simulate_reference(*args[:6], _order(3), args[6], 16, 20, 16, 2048, 2048, 600.0, COEF)
     assert fast[2][K.ST_PREEMPTIONS] > 0
     assert fast[2][K.ST_DROPPED_TOKENS] > 0
     assert (fast[1] >= 0).sum() == n      # everything finishes eventually
@@ -155,3 +161,36 @@ def test_lru_reloads_only_when_evicted(amax):
     stats = run_kernel(arrival, adapter, length, length, 2, np.ones(2), amax, 100, 2048, 2048,
                        60.0)[2]
     assert stats[K.ST_LOADS] == (2 if amax == 2 else 4)
+
+
+def test_activation_evicts_like_vllm_085_even_adapters_the_batch_needs():
+    """vLLM 0.8.5 activates a step's adapters in a fixed order and evicts the least recently used
+    slot without protecting the batch: with slots full of the last batch's adapters, a new
+    adapter placed before the one that left evicts the batch's next adapter, and so on (3 loads
+    here, where protecting the batch would need 1); the kernel and the reference agree."""
+    from twin.adapter_cache import AdapterSlots, activate_batch
+
+    X, A, B, C = 0, 1, 2, 3
+    rank = np.array([0, 1, 2, 3], np.int64)          # activation order X, A, B, C
+    load_ms = np.array([1.0, 2.0, 4.0, 8.0])
+    slots = AdapterSlots(3, load_ms, rank)
+    slot_of, last_used = np.full(4, -1, np.int64), np.zeros(4, np.int64)
+    resident, n_res, touch = np.full(3, -1, np.int64), np.zeros(1, np.int64), np.int64(0)
+    out = []
+    for batch in ([C, B, A], [B, X, A]):              # C leaves, X comes
+        b = np.array(batch, np.int64)
+        ms, loads, touch = activate_batch(b, len(b), slot_of, last_used, resident, n_res, 3,
+                                          rank, touch, load_ms)
+        assert (ms, loads) == slots.activate(batch)
+        assert all(slot_of[a] >= 0 for a in batch) and set(slots.lru) == set(batch)
+        out.append((ms, loads))
+    assert out == [(14.0, 3), (7.0, 3)]               # X, then A and B again
+    assert list(slots.lru) == [X, A, B]
+
+
+def test_activation_order_depends_on_ids_only():
+    ids = [f"adapter-{i}" for i in range(50)]
+    r = activation_ranks(ids)
+    assert sorted(r) == list(range(50)) and not np.array_equal(r, np.arange(50))
+    perm = np.random.default_rng(0).permutation(50)
+    np.testing.assert_array_equal(activation_ranks([ids[i] for i in perm]), r[perm])

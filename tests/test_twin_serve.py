@@ -43,7 +43,7 @@ def _kernel_vs_engine(profile: GpuProfile, adapters: list[Adapter], amax: int, s
     settings = EngineSettings.from_profile(profile, amax, max_rank)
     load = [profile.load_time_ms(a.rank, max_rank) for a in adapters]
     first, finish = replay(settings, req.arrival_s, req.adapter, req.input_len, req.output_len,
-                           load)
+                           load, names=[a.id for a in adapters])
     return run, first, finish
 
 
@@ -348,7 +348,7 @@ def test_wall_clock_run_equals_virtual_replay_of_its_arrivals(peft_dirs):
     adapter = np.array([i % 3 for i in order])
     load = [PROFILE.load_time_ms((8, 16)[k % 2], 16) for k in range(3)]
     first, finish = replay(srv.server.settings, arrival, adapter, np.array(ins)[order],
-                           np.array(outs)[order], load)
+                           np.array(outs)[order], load, names=[name for name, _ in mods])
     np.testing.assert_allclose(first - arrival, [timing[i]["ttft_s"] for i in order], atol=1e-9)
     np.testing.assert_allclose(finish - arrival, [timing[i]["e2e_s"] for i in order], atol=1e-9)
 

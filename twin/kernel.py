@@ -83,7 +83,7 @@ def _add_to_batch(a, new, step_id, in_batch, batch_adapters, tok_of, n_distinct)
 
 
 @njit(cache=True)
-def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
+def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
                     max_num_seqs, duration, step_coef, max_waiting,
                     first_t, finish_t, stats, itl_hist):
@@ -92,7 +92,8 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
     Writes ``first_t`` (first-token time, -1 if none) and ``finish_t`` (-1 if unfinished) per
     request, the scalar ``stats`` (indices ``ST_*``) and an inter-token-gap histogram; returns
     ``(running, waiting, computed, generated)``: queue sizes at the end and, per request, the
-    tokens held in KV and the tokens generated.
+    tokens held in KV and the tokens generated. ``activation_rank``: each adapter's place in the
+    order vLLM activates a step's adapters (``twin.adapter_cache``).
     ``max_loras == 0`` disables LoRA (no distinct-adapter rule, no loads). ``max_waiting > 0``
     refuses arrivals while that many requests wait (the benchmark client's connection limit).
     """
@@ -283,7 +284,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms,
         if lora:
             load_total, loads, touch = activate_batch(
                 batch_adapters, n_distinct, slot_of, last_used, resident, n_resident,
-                max_loras, in_batch, step_id, touch, load_ms)
+                max_loras, activation_rank, touch, load_ms)
             stats[ST_LOADS] += loads
             if n_distinct >= max_loras:
                 stats[ST_SCHED_STEPS_MAXED] += 1

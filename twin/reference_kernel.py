@@ -16,9 +16,9 @@ from .scheduler import RequestState, V1Scheduler
 from .step_time import N_DESIGN, accumulate_design_py, step_time_ms_py
 
 
-def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, max_loras,
-                       max_rank, kv_blocks, block_size, max_batched_tokens, max_num_seqs,
-                       duration, step_coef, max_waiting=0, observer=None):
+def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
+                       max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
+                       max_num_seqs, duration, step_coef, max_waiting=0, observer=None):
     """Return ``(first_t, finish_t, stats, itl_hist, n_running, n_waiting, computed, generated)``
     like the kernel. ``observer(scheduler, plan)``, if given, is called after every schedule
     (tests use it to check invariants step by step)."""
@@ -30,7 +30,7 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, m
     hist = np.zeros(K.ITL_HIST_BINS, np.int64)
     kv = KVCache(kv_blocks, block_size)
     sched = V1Scheduler(kv, max_loras, max_batched_tokens, max_num_seqs)
-    slots = AdapterSlots(max_loras, load_ms)
+    slots = AdapterSlots(max_loras, load_ms, activation_rank)
     reqs = [RequestState(i, int(adapter[i]), int(in_len[i]), int(out_len[i])) for i in range(n_req)]
     t, nxt = 0.0, 0
     while True:

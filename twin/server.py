@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernel as K
+from .adapter_cache import activation_ranks
 from .lengths import LengthModel, default_lengths
 from .metrics import RunMetrics, compute_metrics, memory_error_metrics, realised_offered_tps
 from .profile import GpuProfile
@@ -122,6 +123,7 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
             raise ValueError(f"requests: a request of {longest} tokens exceeds the KV capacity "
                              f"({kv_blocks * block} tokens) of this configuration")
     load_ms = np.array([profile.load_time_ms(a.rank, max_rank) for a in adapters], np.float64)
+    order = activation_ranks([a.id for a in adapters])
     n = len(requests)
     first_t = np.full(n, -1.0)
     finish_t = np.full(n, -1.0)
@@ -130,8 +132,8 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
     t0 = time.perf_counter()
     K.simulate_kernel(
         requests.arrival_s, requests.adapter.astype(np.int64), requests.input_len.astype(np.int64),
-        requests.output_len.astype(np.int64), len(adapters), load_ms, config.max_loras, max_rank,
-        kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
+        requests.output_len.astype(np.int64), len(adapters), load_ms, order, config.max_loras,
+        max_rank, kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
         config.max_num_seqs or profile.max_num_seqs, float(duration_s),
         profile.step_coef_array(), config.client_max_waiting or 0, first_t, finish_t, stats, hist)
     return KernelRun(first_t, finish_t, stats, hist, kv_blocks, time.perf_counter() - t0)

@@ -164,7 +164,7 @@ class TwinServer:
         self.core = EngineCore(self.settings)
         for name, path in cfg.lora_modules:
             mod = self.registry.add(name, path, f"--lora-modules {name}={path}")
-            self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod))
+            self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod), mod.name)
         self.lengths = OutputLengths(cfg.seed)
         self.created = int(time.time())
         self.engine: WallClockEngine | None = None
@@ -255,7 +255,7 @@ class TwinServer:
                 mod = self.registry.add(name, path)
             except AdapterError as e:
                 raise ApiError(400, str(e)) from None
-            self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod))
+            self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod), mod.name)
         except ApiError as e:
             return e.response()
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")

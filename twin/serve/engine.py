@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -128,7 +129,8 @@ class EngineCore:
         self.sched = V1Scheduler(self.kv, settings.max_loras, settings.max_num_batched_tokens,
                                  settings.max_num_seqs)
         self.load_ms: dict[int, float] = {}
-        self.slots = AdapterSlots(settings.max_loras, self.load_ms)
+        self.activation_key: dict[int, int] = {}      # CRC-32 of the name (twin.adapter_cache)
+        self.slots = AdapterSlots(settings.max_loras, self.load_ms, self.activation_key)
         self.coef = np.asarray(settings.step_coef, dtype=np.float64)
         self.clock = 0.0            # virtual time at which the next step starts
         self.pending: deque[EngineRequest] = deque()   # submitted, arrival > clock at submission
@@ -138,11 +140,15 @@ class EngineCore:
         self.loads = 0
 
     # ------------------------------------------------------------------ adapters
-    def register_adapter(self, adapter_id: int, load_ms: float) -> None:
-        """Make adapter ``adapter_id`` servable with its CPU->GPU load time (ms)."""
+    def register_adapter(self, adapter_id: int, load_ms: float, name: str | None = None) -> None:
+        """Make adapter ``adapter_id`` servable with its CPU->GPU load time (ms); ``name``
+        (default: the id) places it in the activation order, as in the batch twin
+        (``twin.adapter_cache.activation_ranks``)."""
         if adapter_id < 0:
             raise ValueError(f"adapter id must be >= 0, got {adapter_id}")
         self.load_ms[adapter_id] = float(load_ms)
+        self.activation_key[adapter_id] = zlib.crc32(
+            (str(adapter_id) if name is None else name).encode())
 
     def evict_adapter(self, adapter_id: int) -> None:
         """Drop an unloaded adapter's GPU slot (if it holds one)."""
@@ -274,14 +280,15 @@ class EngineCore:
 
 def replay(settings: EngineSettings, arrival: Sequence[float], adapter: Sequence[int],
            prompt_tokens: Sequence[int], output_tokens: Sequence[int],
-           load_ms: Sequence[float], duration: float = math.inf
-           ) -> tuple[np.ndarray, np.ndarray]:
+           load_ms: Sequence[float], duration: float = math.inf,
+           names: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run an arrival trace through :class:`EngineCore` in pure virtual time (no wall clock),
     with the batch twin's loop; return per-request ``(first_t, finish_t)`` (-1 = not reached
-    before ``duration``). Used to check the online engine against :mod:`twin.kernel`."""
+    before ``duration``). ``names``: the adapters' names (their activation order; default their
+    indices). Used to check the online engine against :mod:`twin.kernel`."""
     core = EngineCore(settings)
     for a, ms in enumerate(load_ms):
-        core.register_adapter(a, ms)
+        core.register_adapter(a, ms, None if names is None else names[a])
     reqs = [core.submit(int(a), int(i), int(o), float(t))
             for t, a, i, o in zip(arrival, adapter, prompt_tokens, output_tokens)]
     while core.clock < duration:
