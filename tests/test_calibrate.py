@@ -24,7 +24,7 @@ def test_fit_metrics():
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b-instruct", "qwen-2.5-7b-instruct"])
 def test_calibrate_matches_shipped(data, model, tmp_path):
-    prof, rep = calibrate(data, model)
+    prof, rep = calibrate(data, model, workers=2)
     assert isinstance(prof, GpuProfile)
     for src in ("decode_baseline", "lora_decode_overhead"):
         assert rep["step_time"][src]["mape_pct"] < 10
@@ -32,7 +32,8 @@ def test_calibrate_matches_shipped(data, model, tmp_path):
     assert np.allclose(prof.step_coef_array(), shipped.step_coef_array(), rtol=1e-6, atol=1e-9)
     assert prof.kv_capacity == shipped.kv_capacity
     out = tmp_path / "p.json"
-    assert main(["--data", str(data), "--model", model, "--out", str(out)]) == 0
+    assert main(["--data", str(data), "--model", model, "--out", str(out), "--no-slot-fit",
+                 "--workers", "2"]) == 0
     assert GpuProfile.from_json(out).model == model
 
 

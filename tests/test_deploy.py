@@ -12,10 +12,19 @@ from twin.profile import GpuProfile, ProfileError, load_profile
 
 
 # ----------------------------------------------------------------------------- profiles
-def test_serving_field_leaves_the_profile_hash_unchanged():
-    # the hashes trained surrogates record, before the ``serving`` mapping was added
-    assert profile_hash("llama-3.1-8b-instruct") == "eb6733f0896516e9"
-    assert profile_hash("qwen-2.5-7b-instruct") == "10df05542686302b"
+def test_serving_field_leaves_the_profile_hash_unchanged(tmp_path):
+    """The hash trained surrogates record covers what the twin simulates, not the ``serving``
+    mapping (deployment settings) nor where and when the profile was calibrated."""
+    for name in ("llama-3.1-8b-instruct", "qwen-2.5-7b-instruct"):
+        d = load_profile(name).to_dict(include_serving=True)
+        assert d.get("serving")
+        bare = tmp_path / f"{name}.json"
+        bare.write_text(json.dumps({k: v for k, v in d.items() if k != "serving"}))
+        assert profile_hash(str(bare)) == profile_hash(name)
+        d["step_coef"] = [c * 1.01 for c in d["step_coef"]]
+        moved = tmp_path / f"{name}-moved.json"
+        moved.write_text(json.dumps(d))
+        assert profile_hash(str(moved)) != profile_hash(name)
 
 
 def test_shipped_profiles_name_their_served_model_and_calibration_settings():

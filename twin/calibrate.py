@@ -42,6 +42,12 @@ and the few runs that vary rank at equal slots (motivation figure, 13 ok runs) d
 size and have no step logs. The multiplier is
 relative to a profile's own LoRA cost, so it is shared by every profile (the Qwen rows are
 rank 8 only, like Llama's); without the max-search file c10 stays 0 and the report says so.
+Slot terms (stage 4, :mod:`twin.slot_fit`): the LoRA windows all run at 300 slots, so the terms
+that grow with slots, adapters and LoRA tiles (c5-c8) are pinned at one point; where the data
+folder holds max-search runs of the model (``RANK_RUNS``), they are refitted on its saturated
+runs replayed in the twin, together with the LoRA windows (window weight by cross-rank
+validation). Never on the validation runs. Without such runs (Qwen here) stage 4 is skipped and
+the report says so.
 Data from ``python -m twin.harness profile`` has LoRA prefill windows at ``max_lora_rank`` 8, 16
 and 32 instead: when the windows hold more than one rank, stage 2 fits c10 with the other terms
 (a bounded 1-D search over c10, NNLS at each value) and stage 3 is not used. Its windows also
@@ -67,6 +73,7 @@ import numpy as np
 import pandas as pd
 
 from .profile import GpuProfile
+from .slot_fit import slot_terms_from_data
 from .step_time import (FEATURE_NAMES, LINEAR_IDX, STEP_COEF_NAMES, StepTimeModel,
                         describe_step_model, design_matrix)
 
@@ -527,9 +534,13 @@ def validation_check(coef, validation_csv: Path, mean_in: float = 223.0,
               "mean_waiting", "preemptions_total", "mean_itl_ms", "pred_step_ms"]]
 
 
-def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool = False
-              ) -> tuple[GpuProfile, dict]:
+def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool = False,
+              slots: bool = True, workers: int | None = None) -> tuple[GpuProfile, dict]:
     """Fit a profile for ``model`` from ``<data_dir>/calibration``; returns (profile, report).
+
+    ``slots`` (default on) adds stage 4 where ``<data_dir>/RANK_RUNS`` holds max-search runs of
+    ``model``: the slot-dependent LoRA terms refitted on those runs replayed in the twin
+    (:mod:`twin.slot_fit`; about 1.5 minutes on two cores, ``workers`` processes).
 
     ``refine`` adds the simulation-consistent refit (:func:`refine_with_simulated_runs`, about a
     minute on two cores). It is off by default: on the shared Llama validation runs it made the
@@ -581,13 +592,37 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
     )
     if refine:
         coef, rep["refinement"] = refine_with_simulated_runs(prof, win_rows, data_dir)
+    if slots:
+        prof = replace(prof, step_coef=tuple(float(c) for c in coef))
+        coef, rep["slot_terms"] = slot_terms_from_data(prof, win_rows, data_dir, RANK_RUNS,
+                                                       workers)
+        prof = replace(prof, source={**prof.source, "slot_terms": rep["slot_terms"].get(
+            "note") or (f"c5-c8 refitted on the saturated {model} runs of {RANK_RUNS} with the "
+                        "LoRA windows (twin.slot_fit; window weight "
+                        f"{rep['slot_terms']['window_weight']} by cross-rank validation)")})
+    if refine or slots:
+        rep["step_time"] = _window_fit(win_rows, coef, rep["step_time"])
         rep["sanity"] = sanity_points(coef)
         rep["step_model"] = describe_step_model(coef)
     keys = ("step_time", "scheduler_time", "nuisance_offsets_ms", "scheduler_coef", "sanity",
-            "rank_term", "refinement")
+            "rank_term", "refinement", "slot_terms")
     prof = replace(prof, step_coef=tuple(float(c) for c in coef),
                    fit_report={k: rep[k] for k in keys if k in rep})
     return prof, rep
+
+
+def _window_fit(win_rows: pd.DataFrame, coef, before: dict) -> dict:
+    """Per-source fit of the profiling windows with the final coefficients (``before``: the
+    stage-2 report, whose scheduler-run sources are kept as they were)."""
+    F = design_matrix(win_rows[list(FEATURE_NAMES)].to_numpy(float), coef[10], coef[12])
+    pred = F @ np.asarray(coef)[list(LINEAR_IDX)]
+    y = win_rows.y.to_numpy(float)
+    out = dict(before)
+    for src in win_rows.source.unique():
+        g = (win_rows.source == src).to_numpy()
+        out[src] = fit_metrics(y[g], pred[g])
+    out["ALL model-specific"] = fit_metrics(y, pred)
+    return out
 
 
 def format_report(rep: dict) -> str:
@@ -617,10 +652,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--refine", action="store_true",
                     help="add the simulation-consistent refit (see calibrate())")
+    ap.add_argument("--no-slot-fit", action="store_true",
+                    help="skip stage 4 (slot-dependent LoRA terms from max-search runs)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes for the stage-4 replays (default: all cores)")
     ap.add_argument("--validation", type=Path, default=None,
                     help="optional validation CSV to print a look-only ITL comparison")
     a = ap.parse_args(argv)
-    prof, rep = calibrate(a.data, a.model, a.name, refine=a.refine)
+    if a.workers is not None and a.workers < 1:
+        ap.error(f"--workers must be >= 1, got {a.workers}")
+    prof, rep = calibrate(a.data, a.model, a.name, refine=a.refine, slots=not a.no_slot_fit,
+                          workers=a.workers)
     print(format_report(rep))
     if a.validation is not None:
         with pd.option_context("display.width", 200, "display.max_rows", 500):

@@ -334,14 +334,36 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         raise CliError(f"--data: {data} does not exist")
     if not data.is_dir():
         raise CliError(f"--data: {data} is not a directory")
+    if a.workers is not None and a.workers < 1:
+        raise CliError(f"--workers: must be >= 1, got {a.workers}")
     from .calibrate import calibrate
+    from .profile import GpuProfile
 
-    profile, report = calibrate(data, a.model, name=a.name, refine=a.refine)
+    profile, report = calibrate(data, a.model, name=a.name, refine=a.refine,
+                                slots=not a.no_slot_fit, workers=a.workers)
     print(json.dumps(report, indent=2, default=float))
+    kept = _sections_calibrate_does_not_fit(out)
+    if kept:
+        profile = GpuProfile.from_dict({**profile.to_dict(include_serving=True), **kept})
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.to_json(out)
+    if kept:
+        print(f"kept the {', '.join(sorted(kept))} section(s) of the existing {out} "
+              "(calibration does not fit them)")
     print(f"wrote {out}")
     return 0
+
+
+def _sections_calibrate_does_not_fit(path: Path) -> dict:
+    """The serving settings and power model of a profile about to be overwritten (``--force``):
+    calibration fits neither, so regenerating a profile keeps them."""
+    if not path.is_file():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: old[k] for k in ("serving", "power") if isinstance(old, dict) and old.get(k)}
 
 
 # ------------------------------------------------------------------------------ power, derive
@@ -513,7 +535,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default=None, help="profile name (default: the model name)")
     c.add_argument("--refine", action="store_true",
                    help="add the simulation-consistent refit on the shared scheduler runs")
-    c.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    c.add_argument("--no-slot-fit", action="store_true",
+                   help="skip stage 4 (slot-dependent LoRA terms refitted on the model's "
+                        "max-search runs, twin.slot_fit)")
+    c.add_argument("--workers", type=int, default=None,
+                   help="processes for the stage-4 replays (default: all cores)")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite an existing --out file (its serving and power sections, "
+                        "which calibration does not fit, are kept)")
     c.set_defaults(func=cmd_calibrate)
 
     dv = sub.add_parser("derive", help="profile for another GPU and/or base model from public facts",
