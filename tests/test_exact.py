@@ -281,7 +281,7 @@ def test_capacity_cut_loop_probes_other_configs(monkeypatch):
     items = list(range(P.n))
     admitted = {(P.types[0].configs[p].rank, P.types[0].configs[p].amax)
                 for p in P.configs_admitting(0, items)}
-    assert len(admitted) >= 3
+    assert len(admitted) >= 2                  # the first and at least one other to probe
     first = sorted(admitted)[0]
     seen = []
 

