@@ -31,8 +31,8 @@ from experiments.common import mape, require_file, smape
 from twin.lengths import sharegpt_lengths
 from twin.maxpack import maxpack_search
 from twin.profile import load_profile
-from twin.server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, ServerConfig, simulate_server
-from twin.workload import adapters_from_counts, parse_counts
+from twin.server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, simulate_server
+from twin.slot_fit import counts_agree, shared_run_setup
 
 # The shared runs' load generator kept at most ~25.5k requests waiting (a twin option, see
 # twin.server.ServerConfig.client_max_waiting).
@@ -55,24 +55,11 @@ CONFIG_COLUMNS = ["model", "max_loras", "served_adapters", "max_lora_rank", "ada
                   "max_num_batched_tokens", "max_num_seqs"]
 
 
-def _int_or_none(v) -> int | None:
-    return None if pd.isna(v) else int(v)
-
-
 def replay_run(cfg: dict, seed: int = 0, io_correlation: float | None = None) -> dict:
     """Simulate one real run from its configuration columns; returns the twin's metrics.
     ``io_correlation`` overrides the ShareGPT model's prompt/answer length correlation."""
     profile = load_profile(cfg["model"])
-    adapters = adapters_from_counts(parse_counts(cfg["adapter_rank_counts"], int),
-                                    parse_counts(cfg["rate_counts"], float), seed=seed)
-    lengths = sharegpt_lengths(mean_input=float(cfg["pool_mean_input_len"]),
-                               mean_output=float(cfg["pool_mean_output_len"]),
-                               correlation=io_correlation)
-    sc = ServerConfig(max_loras=int(cfg["max_loras"]),
-                      max_lora_rank=_int_or_none(cfg["max_lora_rank"]),
-                      max_num_seqs=_int_or_none(cfg.get("max_num_seqs")),
-                      max_num_batched_tokens=_int_or_none(cfg.get("max_num_batched_tokens")),
-                      client_max_waiting=SHARED_CLIENT_MAX_WAITING)
+    adapters, lengths, sc = shared_run_setup(cfg, seed, io_correlation)
     m = simulate_server(profile, adapters, sc, float(cfg["total_time_s"]), lengths=lengths,
                         seed=seed)
     return m.to_dict()
@@ -81,14 +68,9 @@ def replay_run(cfg: dict, seed: int = 0, io_correlation: float | None = None) ->
 def _consistent_counts(runs: pd.DataFrame, path: Path) -> pd.Series:
     """Rows whose adapter_rank_counts and rate_counts describe the same number of adapters; the
     others cannot be replayed and are skipped with a note on stderr naming them."""
-    def total(text, key_type):
-        try:
-            return sum(parse_counts(str(text), key_type).values())
-        except ValueError:
-            return -1
-    n_rank = runs["adapter_rank_counts"].map(lambda t: total(t, int))
-    n_rate = runs["rate_counts"].map(lambda t: total(t, float))
-    good = (n_rank == n_rate) & (n_rank > 0)
+    good = pd.Series([counts_agree(a, b) for a, b in zip(runs["adapter_rank_counts"],
+                                                          runs["rate_counts"])],
+                     index=runs.index, dtype=bool)
     for i in runs.index[~good]:
         name = runs.at[i, "run_id"] if "run_id" in runs else f"row {i}"
         print(f"note: {path}: skipped {name}: adapter_rank_counts "

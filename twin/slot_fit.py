@@ -50,21 +50,47 @@ RUN_COLUMNS = ("status", "model", "max_loras", "max_lora_rank", "adapter_rank_co
 def saturated_runs(runs: pd.DataFrame, model: str) -> pd.DataFrame:
     """The ok, saturated runs of ``model`` whose rank and rate counts describe the same adapters
     (the others cannot be replayed)."""
-    from .workload import parse_counts
-
     missing = [c for c in RUN_COLUMNS if c not in runs.columns]
     if missing:
         raise ValueError(f"max-search runs lack columns {missing}")
     r = runs[(runs.status == "ok") & (runs.model == model) & (runs.max_loras > 0)
              & (runs.throughput_to_offered_ratio < SATURATED_RATIO)]
+    same = [counts_agree(a, b) for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
+    return r[np.array(same, dtype=bool)].reset_index(drop=True)
+
+
+def counts_agree(rank_counts, rate_counts) -> bool:
+    """A shared run's ``adapter_rank_counts`` and ``rate_counts`` describe the same (non-zero)
+    number of adapters, so the run can be replayed."""
+    from .workload import parse_counts
 
     def n(text, kind) -> int:
         try:
             return sum(parse_counts(str(text), kind).values())
         except ValueError:
             return -1
-    same = [n(a, int) == n(b, float) > 0 for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
-    return r[np.array(same, dtype=bool)].reset_index(drop=True)
+    return n(rank_counts, int) == n(rate_counts, float) > 0
+
+
+def shared_run_setup(cfg: dict, seed: int = 0, io_correlation: float | None = None):
+    """(adapters, length model, server config) of one shared end-to-end run from its
+    configuration columns: ShareGPT lengths of its prompt pool, the benchmark client's waiting
+    limit. ``io_correlation`` overrides the prompt/answer length correlation."""
+    from .lengths import sharegpt_lengths
+    from .server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, ServerConfig
+    from .workload import adapters_from_counts, parse_counts
+
+    adapters = adapters_from_counts(parse_counts(cfg["adapter_rank_counts"], int),
+                                    parse_counts(cfg["rate_counts"], float), seed=seed)
+    lengths = sharegpt_lengths(mean_input=float(cfg["pool_mean_input_len"]),
+                               mean_output=float(cfg["pool_mean_output_len"]),
+                               correlation=io_correlation)
+    sc = ServerConfig(max_loras=int(cfg["max_loras"]),
+                      max_lora_rank=_opt_int(cfg["max_lora_rank"]),
+                      max_num_seqs=_opt_int(cfg.get("max_num_seqs")),
+                      max_num_batched_tokens=_opt_int(cfg.get("max_num_batched_tokens")),
+                      client_max_waiting=SHARED_BENCHMARK_CLIENT_MAX_WAITING)
+    return adapters, lengths, sc
 
 
 def _opt_int(v) -> int | None:
@@ -75,21 +101,12 @@ def replay_design(args: tuple) -> tuple[np.ndarray, float, float]:
     """(mean design row, mean step time in ms without adapter loads, throughput tok/s) of one
     run replayed in the twin with ``profile``."""
     from . import kernel as K
-    from .lengths import sharegpt_lengths
     from .metrics import compute_metrics
-    from .server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, ServerConfig, run_kernel
-    from .workload import adapters_from_counts, generate_requests, parse_counts
+    from .server import run_kernel
+    from .workload import generate_requests
 
     profile, cfg = args
-    adapters = adapters_from_counts(parse_counts(cfg["adapter_rank_counts"], int),
-                                    parse_counts(cfg["rate_counts"], float), seed=0)
-    lengths = sharegpt_lengths(mean_input=float(cfg["pool_mean_input_len"]),
-                               mean_output=float(cfg["pool_mean_output_len"]))
-    sc = ServerConfig(max_loras=int(cfg["max_loras"]),
-                      max_lora_rank=_opt_int(cfg["max_lora_rank"]),
-                      max_num_seqs=_opt_int(cfg.get("max_num_seqs")),
-                      max_num_batched_tokens=_opt_int(cfg.get("max_num_batched_tokens")),
-                      client_max_waiting=SHARED_BENCHMARK_CLIENT_MAX_WAITING)
+    adapters, lengths, sc = shared_run_setup(cfg)
     dur = float(cfg["total_time_s"])
     reqs = generate_requests(adapters, dur, lengths, seed=0)
     run = run_kernel(profile, adapters, reqs, sc, dur)
@@ -199,5 +216,6 @@ def slot_terms_from_data(profile: GpuProfile, win_rows: pd.DataFrame, data_dir: 
     return new, rep
 
 
-__all__ = ["SLOT_TERMS", "WINDOW_WEIGHTS", "SATURATED_RATIO", "saturated_runs", "replay_design",
+__all__ = ["SLOT_TERMS", "WINDOW_WEIGHTS", "SATURATED_RATIO", "saturated_runs", "counts_agree",
+           "shared_run_setup", "replay_design",
            "fit_slot_terms", "slot_terms_from_data"]
