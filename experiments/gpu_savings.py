@@ -21,8 +21,9 @@ them, and ``auto`` runs them where they apply):
 Every instance also gets the twin-sound lower bound ``lb`` on the GPUs of *any* placement the
 twin accepts with the same window (``optim.feasibility.twin_lower_bound``: the largest load an
 unstarved GPU carries, measured with the verification seeds and a spread margin, one-adapter
-and adapter-count-aware), and ``lb_one`` (the one-adapter part alone). A method's count is
-*certified optimal* at a point when the twin accepts its own placement with ``lb`` GPUs.
+and adapter-count-aware, then busiest- and fullest-GPU replays and, where two GPUs are left,
+every split of adapters and load with up to ``--pair-checks`` GPU checks), and ``lb_one`` (the
+one-adapter part alone). A method's count is *certified optimal* at a point when the twin accepts its own placement with ``lb`` GPUs.
 
 MaxBase is reported both ways, each stated: ``maxbase`` is the GPUs its rule needs *scaled out*
 until the twin accepts (its proposal, when accepted, else the first accepted larger fleet), and
@@ -60,6 +61,7 @@ from .common import REPO
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
+PAIR_CHECKS = 48                 # twin_lower_bound's two-GPU split checks per instance
 SCALE_OUT = ("maxbase", "maxbase-half")     # self-sizing methods given larger fleets on failure
 _NAME = re.compile(r"paper-(?P<model>\w+)-r(?P<ranks>\w+)-q(?P<rates>\w+)-n(?P<n>\d+)$")
 
@@ -230,12 +232,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "and cpsat, which experiments.optimality_gap studies; auto stands for "
                          "them)")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--pair-checks", type=int, default=PAIR_CHECKS,
+                    help="GPU checks the bound may spend showing that no split over two GPUs "
+                         "is accepted, where two are left (0: skip; default %(default)s)")
     ap.add_argument("--rebound", default=None, metavar="ROWS.json",
                     help="no solving: read the rows an earlier run wrote with --json, recompute "
                          "each instance's lower bound (same window) with the current code, and "
                          "write and print the figures again")
     a = ap.parse_args(argv)
 
+    if a.pair_checks < 0:
+        print(f"error: --pair-checks must be >= 0, got {a.pair_checks}", file=sys.stderr)
+        return 2
     paths = sorted(Path(a.instances).glob("paper-*.json"))
     if not paths:
         print(f"error: no paper instances under {a.instances}", file=sys.stderr)
@@ -267,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [by_name[n] for n in dict.fromkeys(old["instance"])]
         for name, part in tqdm(old.groupby("instance", sort=False), desc="bounds", unit="inst"):
             b = twin_lower_bound(load_instance(by_name[name]), float(part["duration_s"].iloc[0]),
-                                 a.workers)
+                                 a.workers, a.pair_checks)
             rows += [{**r, "lb": b.best, "lb_one": b.one_adapter}
                      for r in part.to_dict(orient="records")]
         paths_iter: list[Path] = []
@@ -277,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
-        bound = twin_lower_bound(inst, dur, a.workers)
+        bound = twin_lower_bound(inst, dur, a.workers, a.pair_checks)
         for m in methods:
             r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
             rows.append({"instance": inst.name, **sc, "lb": bound.best,

@@ -1,11 +1,14 @@
 """Twin-sound lower bounds on GPU counts, per paper instance, and the measured limits behind them.
 
-``python -m experiments.twin_bounds [--quick] [--duration S] [--instances DIR] [--csv OUT]``
+``python -m experiments.twin_bounds [--quick] [--duration S] [--instances DIR] [--csv OUT]
+[--pair-checks N]``
 ``python -m experiments.twin_bounds --adversarial N [--duration S] [--seed K]``
 
 For every instance (``--quick``: the subset ``experiments.gpu_savings --quick`` runs, with its
 600 s window) prints ``optim.feasibility.twin_lower_bound``: the one-adapter bound, the
-adapter-count-aware bound, the per-GPU caps, and the carry limits measured for them
+adapter-count-aware bound, which replays raised it (one GPU, fullest GPU, busiest GPU, two-GPU
+splits with up to ``--pair-checks`` GPU checks), the per-GPU caps, and the carry limits measured
+for them
 (``optim.capacity.carry_limit``: per-seed limits, their spread and the margin taken). The
 measurements are cached on disk, so running this first makes ``experiments.gpu_savings``
 start with warm bounds. Ends with ``points=<n> by_count_tighter=<k>``.
@@ -39,7 +42,7 @@ from twin.workload import Adapter
 from optim.feasibility import _type_rank, twin_lower_bound
 from optim.instance import load_instance
 
-from .gpu_savings import PAPER_DIR, select_instances
+from .gpu_savings import PAIR_CHECKS, PAPER_DIR, select_instances
 
 
 PROFILES = ("llama-3.1-8b-instruct", "qwen-2.5-7b-instruct")
@@ -90,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--instances", default=str(PAPER_DIR))
     ap.add_argument("--csv", default=None, help="write the per-instance table as CSV")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--pair-checks", type=int, default=PAIR_CHECKS,
+                    help="GPU checks spent on two-GPU splits where two GPUs are left (0: skip)")
     ap.add_argument("--adversarial", type=int, default=None, metavar="N",
                     help="sample N adversarial GPUs per profile instead (module docstring)")
     ap.add_argument("--seed", type=int, default=0, help="--adversarial: sampling seed")
@@ -104,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = adversarial(a.adversarial, a.duration or 3600.0, a.seed, a.workers)
         print(f"adversarial_unstarved_above_limit={bad}")
         return 0
+    if a.pair_checks < 0:
+        print(f"error: --pair-checks must be >= 0, got {a.pair_checks}", file=sys.stderr)
+        return 2
     paths = select_instances(sorted(Path(a.instances).glob("paper-*.json")), a.quick)
     if not paths:
         print(f"error: no paper instances under {a.instances}", file=sys.stderr)
@@ -112,11 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in tqdm(paths, desc="instances", unit="inst"):
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
-        b = twin_lower_bound(inst, dur, a.workers)
+        b = twin_lower_bound(inst, dur, a.workers, a.pair_checks)
         rows.append({"instance": inst.name, "duration_s": dur, "load_tps": round(b.load_tps),
                      "max_adapter_tps": round(b.max_adapter_tps),
                      "gpu_cap_tps": round(b.gpu_cap_tps), "count_cap_tps": round(b.count_cap_tps),
-                     "lb_one": b.one_adapter, "lb_by_count": b.by_count, "lb": b.best,
+                     "lb_one": b.one_adapter, "lb_by_count": b.by_count,
+                     "one_gpu_out": b.one_gpu_excluded, "fullest_to": b.fullest_excluded_to,
+                     "busiest_to": b.busiest_excluded_to, "pair_out": b.two_gpus_excluded,
+                     "lb": b.best,
                      "count_limits": " ".join(f"{n}:{v:.0f}" for n, v in b.count_limits)})
     df = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_rows", None,
@@ -131,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in paths:
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
-        b = twin_lower_bound(inst, dur, a.workers)
+        b = twin_lower_bound(inst, dur, a.workers, a.pair_checks)
         for t in inst.gpu_types:
             r = _type_rank(inst, t)
             for n, _ in (b.count_limits if r is not None else ()):

@@ -85,9 +85,10 @@ def gpu_lower_bound(inst: Instance) -> int:
 
 
 COUNT_BOUND_FROM = 0.85     # measure count-aware caps only where they may raise the bound
-MAX_FULLEST_STEPS = 2       # fullest-GPU checks per bound (each up to hundreds of replays)
+MAX_FULLEST_STEPS = 2       # fullest/busiest-GPU steps per bound (each up to hundreds of replays)
 COUNT_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
               1024, 1536, 2048)
+COUNT_REFINE_STEPS = 4     # integer bisection steps between the grid points around the crossing
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ class TwinBound:
     ``max_adapter_tps``; ``one_gpu_excluded``: every adapter on one GPU starves at every Amax
     (``one_gpu_excluded``); ``fullest_excluded_to``: no placement with 2..that many GPUs is
     accepted, because its fullest GPU must swap and fails (``fullest_gpu_excluded``; 0: not
-    shown); ``best`` = the largest GPU count these leave. ``count_limits`` lists
+    shown); ``busiest_excluded_to``: likewise because its busiest GPU fails
+    (``busiest_gpu_excluded``); ``two_gpus_excluded``: no split over two GPUs is accepted (``two_gpus_excluded``);
+    ``best`` = the largest GPU count these leave. ``count_limits`` lists
     the (adapters, carry limit) points measured for ``by_count``."""
 
     instance: str
@@ -115,17 +118,21 @@ class TwinBound:
     count_limits: tuple[tuple[int, float], ...] = ()
     one_gpu_excluded: bool = False
     fullest_excluded_to: int = 0
+    two_gpus_excluded: bool = False
+    busiest_excluded_to: int = 0
 
     @property
     def best(self) -> int:
         return max(self.one_adapter, self.by_count, 2 if self.one_gpu_excluded else 1,
-                   self.fullest_excluded_to + 1)
+                   self.fullest_excluded_to + 1, self.busiest_excluded_to + 1,
+                   3 if self.two_gpus_excluded else 1)
 
     def to_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in ("instance", "duration_s", "load_tps",
                                                   "max_adapter_tps", "gpu_cap_tps",
                                                   "count_cap_tps", "one_adapter", "by_count",
-                                                  "one_gpu_excluded", "fullest_excluded_to")},
+                                                  "one_gpu_excluded", "fullest_excluded_to",
+                                                  "busiest_excluded_to", "two_gpus_excluded")},
                 "best": self.best, "count_limits": [list(x) for x in self.count_limits]}
 
 
@@ -146,7 +153,8 @@ def _type_rank(inst: Instance, t) -> int | None:
 
 
 def count_cap(limit_of, one: float, max_adapter_tps: float, grid: tuple[int, ...] = COUNT_GRID,
-              ceiling: float = np.inf) -> tuple[float, list[tuple[int, float]]]:
+              ceiling: float = np.inf, refine: int = COUNT_REFINE_STEPS
+              ) -> tuple[float, list[tuple[int, float]]]:
     """Largest load ``E`` one GPU can carry when no adapter offers more than ``max_adapter_tps``
     (``l``), given ``limit_of(n)`` = carry limit of ``n`` equal-rate adapters (``one`` = n = 1).
 
@@ -156,12 +164,16 @@ def count_cap(limit_of, one: float, max_adapter_tps: float, grid: tuple[int, ...
     LoRA tiles, least slot contention), and it is itself less concentrated than ``j(E)`` =
     max(1, ceil(E / l) - 1) equal adapters carrying E. So ``E`` is carried only if
     E <= C(j(E)), with C(n) = ``limit_of(n)`` non-increasing in n (more equal adapters cost more
-    per step): for grid points g_i <= j(E) < g_(i+1), C(j(E)) <= C(g_i). Both assumptions
-    (concentration helps, C non-increasing) are empirical; ``tests/test_bounds_twin.py`` checks
-    them on sampled GPUs. The result is max over i of min(C(g_i), g_(i+1) x l); only the grid
-    points around the crossing of C(g) and g x l are measured (C <= ``one`` everywhere).
-    ``ceiling``: no GPU carries more (the instance's whole load), which spares measurements
-    beyond it. Returns (cap, measured points)."""
+    per step). Both assumptions are empirical; ``tests/test_bounds_twin.py`` checks them on
+    sampled GPUs. For measured counts p_1 = 1 < p_2 < ... < p_K, a load in (p_k l, p_(k+1) l]
+    has j(E) >= p_k, so the cap is max over k of min(C(p_k), p_(k+1) l) (and C(p_K) beyond).
+
+    Which counts are measured: ``grid`` around the crossing of C(g) and g x l (C <= ``one``
+    everywhere), then up to ``refine`` integer bisection steps between the grid points that
+    bracket it (the crossing n* = smallest n with C(n) < (n + 1) l; converged, the cap is
+    max(n* l, C(n*)), the value over every integer count). ``ceiling``: no GPU carries more
+    (the instance's whole load), which spares measurements beyond it. Returns (cap, measured
+    points)."""
     l = float(max_adapter_tps)
     one = min(one, ceiling)
     if l <= 0:
@@ -173,23 +185,40 @@ def count_cap(limit_of, one: float, max_adapter_tps: float, grid: tuple[int, ...
         return one, [(1, one)]
     measured: dict[int, float] = {1: one}
 
-    def C(i: int) -> float:
-        if g[i] not in measured:
-            measured[g[i]] = min(limit_of(g[i]), one)       # one <= ceiling
-        return measured[g[i]]
+    def C(n: int) -> float:
+        if n not in measured:
+            measured[n] = min(limit_of(n), one)             # one <= ceiling
+        return measured[n]
 
     i = top                                     # crossing: smallest i with C(g_i) < g_(i+1) l
-    while i > 0 and C(i - 1) < g[i] * l:
+    while i > 0 and C(g[i - 1]) < g[i] * l:
         i -= 1
-    nxt = g[i + 1] * l if i + 1 < len(g) else np.inf
-    cap = min(C(i), nxt)
-    if i > 0:
-        cap = max(cap, g[i] * l)                # the interval before the crossing
-    return float(cap), sorted(measured.items())
+    C(g[i])
+    # integer refinement: lo has C(lo) >= (lo + 1) l; every n >= hi has C(n) < (n + 1) l
+    # (hi = g_(i+1): C(hi) <= C(g_i) < g_(i+1) l), so n* lies in (lo, hi]
+    lo = g[i - 1] if i > 0 else 1
+    hi = g[i + 1] if i + 1 < len(g) else g[i]
+    if C(g[i]) < (g[i] + 1) * l:
+        hi = g[i]
+    else:
+        lo = g[i]
+    for _ in range(max(0, int(refine))):
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        if C(mid) < (mid + 1) * l:
+            hi = mid
+        else:
+            lo = mid
+    pts = sorted(measured.items())
+    cap = pts[-1][1]                            # beyond the last measured count
+    for (n, c), (n2, _) in zip(pts, pts[1:]):
+        cap = max(cap, min(c, n2 * l))
+    return float(cap), pts
 
 
 def twin_lower_bound(inst: Instance, duration_s: float | None = None,
-                     workers: int | None = None) -> TwinBound:
+                     workers: int | None = None, pair_checks: int = 0) -> TwinBound:
     """Twin-sound lower bounds on the GPUs of any placement of ``inst`` that verification (window
     ``duration_s``, default the instance's; GPU ``g`` drawing seed ``inst.seed + g``) accepts.
 
@@ -207,8 +236,13 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     Amax (those limits are measured with every adapter resident), ``one_gpu_excluded`` replays
     the one-GPU placement at every Amax. With k >= 2 GPUs left, where the fullest GPU must swap
     at every Amax even with the lightest adapters at the smallest rank,
-    ``fullest_gpu_excluded`` replays that GPU (at most ``MAX_FULLEST_STEPS`` values of k). A
-    twin-accepted placement with ``best`` GPUs is optimal in the twin."""
+    ``fullest_gpu_excluded`` replays that GPU; else, where L / k is above ``COUNT_BOUND_FROM`` x
+    the one-adapter cap, ``busiest_gpu_excluded`` replays the least-work GPU carrying L / k (at
+    most ``MAX_FULLEST_STEPS`` values of k in all). When
+    two GPUs are left and the fuller must swap, ``two_gpus_excluded`` checks every split of
+    adapters and load with up to ``pair_checks`` GPU checks (0, the default: skipped; each check
+    of a GPU holding hundreds of adapters replays every Amax, minutes on two cores). A twin-accepted placement with ``best`` GPUs is optimal in the twin
+    (among placements that keep each adapter whole, as the fullest-GPU checks assume)."""
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     seeds = _bound_seeds(inst)
     thr = inst.starvation_threshold
@@ -246,14 +280,29 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
                 and one_gpu_excluded(inst, dur, workers))
     # k >= 2 GPUs: the fullest holds ceil(adapters / k); where even the lightest such set at
     # the smallest rank must swap on one GPU, replay it (fullest_gpu_excluded)
-    k, r0, fullest = max(lb_one, lb_count, 2 if excluded else 1), _smallest_rank(inst), 0
+    # or where the busiest GPU, carrying at least L / k, is near the cap: replay the least-work
+    # such GPU (busiest_gpu_excluded)
+    k, r0 = max(lb_one, lb_count, 2 if excluded else 1), _smallest_rank(inst)
+    fullest = busiest = 0
     for _ in range(MAX_FULLEST_STEPS):
-        if (k < 2 or not _must_swap(inst, math.ceil(len(inst.adapters) / k), r0)
-                or not fullest_gpu_excluded(inst, k, dur, workers)):
+        if k < 2:
             break
-        fullest, k = k, k + 1
+        if (_must_swap(inst, math.ceil(len(inst.adapters) / k), r0)
+                and fullest_gpu_excluded(inst, k, dur, workers)):
+            fullest = k
+        elif total / k > COUNT_BOUND_FROM * best_one and busiest_gpu_excluded(inst, k, dur,
+                                                                              workers):
+            busiest = k
+        else:
+            break
+        k += 1
+    # two GPUs left where the fuller one must swap: every split of the adapters and the load
+    pair = (pair_checks > 0 and k == 2
+            and _must_swap(inst, math.ceil(len(inst.adapters) / 2), r0)
+            and two_gpus_excluded(inst, dur, workers, pair_checks))
     return TwinBound(inst.name, dur, total, lmax, best_one, best_count, lb_one, lb_count,
-                     tuple((int(n), float(v)) for n, v in points), excluded, fullest)
+                     tuple((int(n), float(v)) for n, v in points), excluded, fullest, pair,
+                     busiest)
 
 
 def _must_swap(inst: Instance, n: int, rank: int) -> bool:
@@ -422,10 +471,172 @@ def fullest_gpu_excluded(inst: Instance, k: int, duration_s: float,
     return gpu_excluded(inst, [Adapter(a.id, r, a.rate) for a in light], r, duration_s, workers)
 
 
+PAIR_LOAD_RTOL = 0.005     # two_gpus_excluded: load bisection resolution (share of the total)
+PAIR_MIN_SPAN = 16         # two_gpus_excluded: narrowest range of adapter counts split further
+
+
+class _OutOfChecks(Exception):
+    """two_gpus_excluded used its budget of GPU checks."""
+
+
+def _adapters_for_load(inst: Instance, load_tps: float) -> int:
+    """Fewest of ``inst``'s adapters that offer ``load_tps`` (the heaviest first)."""
+    heavy = np.concatenate([[0.0], np.cumsum(sorted((inst.load_tps(a) for a in inst.adapters),
+                                                    reverse=True))])
+    return int(np.searchsorted(heavy, load_tps * (1 - 1e-12)))
+
+
+def busiest_gpu_excluded(inst: Instance, k: int, duration_s: float,
+                         workers: int | None = None) -> bool:
+    """True when no twin-accepted placement of ``inst`` uses ``k`` GPUs because of its busiest
+    GPU: some GPU carries at least L / k, on at least as many adapters as that load takes (the
+    heaviest first, m of them), and ``canonical_gpu(m, L / k)`` — the least-work such GPU
+    (load concentrated on the fewest adapters at the instance's largest rate, smallest rank) —
+    fails at every Amax (:func:`gpu_excluded`, with its spread margin). Sharper than
+    ``count_cap`` near a crossing: that cap measures equal adapters, one fewer than the load
+    takes, each above the largest rate. Same assumptions as ``count_cap``."""
+    if k < 1:
+        raise ValueError(f"busiest_gpu_excluded: k must be >= 1, got {k}")
+    load = inst.total_load_tps / k
+    m = max(1, _adapters_for_load(inst, load))
+    return gpu_excluded(inst, canonical_gpu(inst, m, load), _smallest_rank(inst), duration_s,
+                        workers)
+
+
+def canonical_gpu(inst: Instance, m: int, load_tps: float) -> list[Adapter]:
+    """The least-work GPU holding ``m`` of ``inst``'s adapters with ``load_tps`` in total:
+    the lightest m - j - 1 adapters, j adapters at the instance's largest rate and one carrying
+    the remainder (j the smallest count that reaches the load), all at the smallest rank.
+
+    Any GPU holding m adapters of the instance with that load (each whole, at most the largest
+    rate, the k lightest of them no lighter than the instance's k lightest) is turned into this
+    one by moving load from lighter to heavier adapters and lowering rates and ranks — steps
+    that never make a GPU starve (the assumptions of ``count_cap`` and
+    ``fullest_gpu_excluded``). So if this GPU fails at every Amax, every such GPU does. A load
+    above what m adapters can offer is capped there (j = m - 1)."""
+    if m < 1:
+        raise ValueError(f"canonical_gpu: m must be >= 1, got {m}")
+    per = inst.mean_tokens
+    rates = np.sort(np.array([a.rate for a in inst.adapters], float))
+    top, r0 = float(rates[-1]), _smallest_rank(inst)
+    cum = np.concatenate([[0.0], np.cumsum(rates)])
+    need = load_tps / per
+    light, rest = m - 1, 0.0
+    for j in range(m):
+        light = m - j - 1
+        rest = need - cum[light] - j * top
+        if rest <= top:
+            break
+    vec = list(rates[:light]) + [min(max(rest, 0.0), top)] + [top] * (m - 1 - light)
+    return [Adapter(f"z{i:05d}", r0, float(q)) for i, q in enumerate(vec) if q > 0]
+
+
+def two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None = None,
+                      max_checks: int = 64) -> bool:
+    """True when no twin-accepted placement of ``inst`` (each adapter whole on one GPU) uses
+    exactly two GPUs; False when that is not shown within ``max_checks`` GPU checks.
+
+    Let the fuller GPU hold m >= n / 2 of the n adapters and the load E; the other holds n - m
+    and the rest of the load L - E. For a range m in [a, b]: E_hi(a) is the smallest load
+    (resolution ``PAIR_LOAD_RTOL`` x L, by bisection) at which ``canonical_gpu(a, E_hi)``
+    fails at every Amax (:func:`gpu_excluded`, with its spread margin); a fuller GPU with
+    E >= E_hi fails (it is no easier than that one: as many adapters or more, as much load or
+    more), and with E < E_hi the other GPU carries more than L - E_hi on n - b .. n - a
+    adapters, at least as many as that load takes (k0, the heaviest adapters first), so it
+    fails if ``canonical_gpu(k0, L - E_hi)`` does (or no such GPU exists: k0 > n - a). A range not shown so is
+    halved (down to ``PAIR_MIN_SPAN`` counts). E_hi is non-increasing in a (more adapters at
+    the same load fail no later), so ranges are taken by increasing a and each bisection
+    starts below the previous one's E_hi. Cached on disk (the key holds ``max_checks``)."""
+    from .capacity import _disk_get, _disk_put
+    key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
+                   what=f"two_gpus_excluded/{int(max_checks)}")
+    hit = _disk_get(key)
+    if hit is not None:
+        return bool(hit["excluded"])
+    try:
+        out = _two_gpus_excluded(inst, duration_s, workers, int(max_checks))
+    except _OutOfChecks:
+        out = False
+    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
+                    "duration_s": float(duration_s), "max_checks": int(max_checks)})
+    return out
+
+
+def _two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None,
+                       max_checks: int) -> bool:
+    n, total = len(inst.adapters), inst.total_load_tps
+    if n < 2:
+        return True
+    r0 = _smallest_rank(inst)
+    loads = np.sort([inst.load_tps(a) for a in inst.adapters])
+    cum = np.concatenate([[0.0], np.cumsum(loads)])
+    used = 0
+
+    def fails(m: int, load: float, m_max: int | None = None) -> bool:
+        """Every GPU of m..``m_max`` adapters of the instance carrying ``load`` fails: one of
+        them holds at least as many adapters as that load takes (the heaviest first)."""
+        nonlocal used
+        m = max(m, _adapters_for_load(inst, load))
+        if m_max is not None and m > m_max:
+            return True                         # no such GPU exists
+        if m < 1 or load <= 0:
+            return False
+        used += 1
+        if used > max_checks:
+            raise _OutOfChecks
+        return gpu_excluded(inst, canonical_gpu(inst, m, load), r0, duration_s, workers)
+
+    e_hi: dict[int, float] = {}         # a -> smallest load shown failing (inf: none)
+    e_ok: dict[int, float] = {}         # a -> largest load shown not failing
+
+    def upper(a: int) -> float:
+        """A load from which every GPU of ``a`` or more adapters fails (inf: not shown)."""
+        if a in e_hi:
+            return e_hi[a]
+        top = float(total - cum[n - a])        # the most the fuller GPU can hold
+        lo = max([float(cum[a])] + [v for k, v in e_ok.items() if k >= a])
+        known = [v for k, v in e_hi.items() if k <= a]
+        hi = min(known) if known else np.inf   # fails there already (monotone in a)
+        if hi <= cum[a]:
+            e_hi[a] = float(cum[a])
+            return e_hi[a]
+        if not np.isfinite(hi):
+            guess = min(max(0.5 * total, lo), top)
+            if fails(a, guess):
+                hi = guess
+            elif fails(a, top):
+                lo, hi = guess, top
+            else:
+                e_hi[a] = np.inf
+                return e_hi[a]
+        if lo <= cum[a] and fails(a, lo):        # lo not known to pass: every load fails
+            hi = lo
+        while hi - lo > PAIR_LOAD_RTOL * total:
+            mid = 0.5 * (lo + hi)
+            if fails(a, mid):
+                hi = mid
+            else:
+                lo = mid
+        e_hi[a], e_ok[a] = hi, lo
+        return hi
+
+    todo = [(math.ceil(n / 2), n - 1)]
+    while todo:
+        a, b = todo.pop()
+        e = upper(a)
+        if e <= cum[a] or (np.isfinite(e) and fails(n - b, total - e, n - a)):
+            continue
+        if b - a < PAIR_MIN_SPAN:
+            return False
+        mid = (a + b) // 2
+        todo += [(mid + 1, b), (a, mid)]
+    return True
+
+
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
-                         workers: int | None = None) -> int:
+                         workers: int | None = None, pair_checks: int = 0) -> int:
     """The best twin-sound lower bound on the GPU count (``twin_lower_bound(...).best``)."""
-    return twin_lower_bound(inst, duration_s, workers).best
+    return twin_lower_bound(inst, duration_s, workers, pair_checks).best
 
 
 def twin_certificate(inst: Instance, placement, duration_s: float | None = None

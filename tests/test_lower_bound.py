@@ -76,17 +76,24 @@ def test_count_cap_matches_a_direct_search():
         def C(n, decay=decay):
             return 1000.0 / (1 + decay * (n - 1))
         for l in (5.0, 17.0, 40.0, 90.0, 300.0, 2000.0):
-            cap, pts = count_cap(C, C(1), l, grid)
             Es = np.linspace(1, 1000, 20000)
-            ok = []
-            for E in Es:
-                j = max(1, math.ceil(E / l - 1e-12) - 1)
-                g = max(x for x in grid if x <= j)
-                ok.append(E <= C(g) + 1e-9)
-            direct = Es[np.array(ok)].max()
-            assert cap == pytest.approx(direct, abs=0.1)
+
+            def direct(counts):
+                ok = []
+                for E in Es:
+                    j = max(1, math.ceil(E / l - 1e-12) - 1)
+                    g = max(x for x in counts if x <= j)
+                    ok.append(E <= C(g) + 1e-9)
+                return Es[np.array(ok)].max()
+
+            cap, pts = count_cap(C, C(1), l, grid, refine=0)
+            assert cap == pytest.approx(direct(grid), abs=0.1)
             assert all(v == pytest.approx(C(n)) for n, v in pts)
             assert len(pts) <= 4                          # only around the crossing
+            # refined: the value over every integer count, from a few more measurements
+            fine, fpts = count_cap(C, C(1), l, grid, refine=10)
+            assert fine == pytest.approx(direct(range(1, 65)), abs=0.1)
+            assert fine <= cap + 1e-9 and len(fpts) <= 4 + 4
 
 
 def _inst(adapters, count=8, duration=DUR):
@@ -271,3 +278,117 @@ def test_fullest_gpu_checks_raise_the_bound_step_by_step(tmp_path, monkeypatch):
     assert twin_lower_bound(inst).best == 2
     with pytest.raises(ValueError, match="k must be"):
         feas.fullest_gpu_excluded(inst, 0, DUR)
+
+
+def _pair_inst(n: int = 40):
+    return instance_from_dict({
+        "name": "pair", "adapters": [{"id": f"a{i:02d}", "rank": 8, "rate": 0.01 * (1 + i % 5)}
+                                     for i in range(n)],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 4}], "duration_s": DUR})
+
+
+def test_canonical_gpu_is_the_lightest_set_with_the_load_concentrated():
+    import optim.feasibility as feas
+
+    inst = _pair_inst()
+    per, top = inst.mean_tokens, 0.05
+    rates = sorted(a.rate for a in inst.adapters)
+    for m, share in [(1, 0.01), (5, 0.1), (20, 0.5), (39, 0.97)]:
+        load = share * inst.total_load_tps
+        got = sorted(a.rate for a in feas.canonical_gpu(inst, m, load))
+        assert len(got) <= m and max(got) <= top + 1e-12
+        assert sum(got) * per == pytest.approx(load)                 # every such load fits m
+        j = sum(1 for r in got if r == top)
+        assert got[:len(got) - j - 1] == pytest.approx(rates[:len(got) - j - 1])  # lightest
+    # more load than m adapters can offer: capped at m - 1 top rates + one more
+    g = feas.canonical_gpu(inst, 3, inst.total_load_tps)
+    assert [a.rate for a in g] == pytest.approx([top, top, top])
+    with pytest.raises(ValueError, match="m must be"):
+        feas.canonical_gpu(inst, 0, 1.0)
+
+
+@pytest.mark.parametrize("cap_share, excluded", [(0.48, True), (0.55, False)])
+def test_two_gpus_excluded_against_a_known_gpu_rule(tmp_path, monkeypatch, cap_share, excluded):
+    """With a GPU rule 'fails iff its load >= cap_share x L' (any adapter count), two GPUs are
+    excluded iff 2 x cap_share <= 1: at 0.48 every split has a GPU at >= 0.5 L; at 0.55 the
+    balanced split of 20 + 20 adapters passes. The budget cuts the proof short (False), and
+    the answer is cached on disk."""
+    import optim.feasibility as feas
+
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = _pair_inst()
+    seen = []
+
+    def rule(inst_, ads, rank, dur, workers=None):
+        load = sum(a.rate for a in ads) * inst_.mean_tokens
+        seen.append((len(ads), load / inst_.total_load_tps))
+        return load >= cap_share * inst_.total_load_tps
+    monkeypatch.setattr(feas, "gpu_excluded", rule)
+    assert feas.two_gpus_excluded(inst, DUR, max_checks=64) is excluded
+    assert 0 < len(seen) <= 64
+    n_seen = len(seen)
+    assert feas.two_gpus_excluded(inst, DUR, max_checks=64) is excluded
+    assert len(seen) == n_seen                          # from the cache
+    assert feas.two_gpus_excluded(inst, DUR, max_checks=1) is False
+
+
+def test_two_gpus_excluded_only_with_a_budget(tmp_path, monkeypatch):
+    """twin_lower_bound runs the two-GPU check only with pair_checks > 0 and 2 GPUs left."""
+    import optim.feasibility as feas
+
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(feas, "two_gpus_excluded",
+                        lambda inst, dur, workers, checks: calls.append(checks) or True)
+    monkeypatch.setattr(feas, "_must_swap", lambda inst, n, r: True)
+    monkeypatch.setattr(feas, "fullest_gpu_excluded", lambda *a, **k: False)
+    monkeypatch.setattr(feas, "one_gpu_excluded", lambda *a, **k: True)
+    inst = _pair_inst()
+    assert twin_lower_bound(inst).best == 2 and calls == []
+    b = twin_lower_bound(inst, pair_checks=8)
+    assert calls == [8] and b.two_gpus_excluded and b.best == 3
+
+
+def test_busiest_gpu_check_replays_the_concentrated_gpu(monkeypatch):
+    """k GPUs: the busiest carries >= L / k on at least as many adapters as that load takes;
+    the GPU replayed carries exactly L / k on that many, all but one at the largest rate, at the
+    smallest rank."""
+    import optim.feasibility as feas
+
+    inst = _pair_inst()
+    seen = []
+    monkeypatch.setattr(feas, "gpu_excluded",
+                        lambda inst_, ads, rank, *a, **k: seen.append((ads, rank)) or True)
+    assert feas.busiest_gpu_excluded(inst, 4, DUR)
+    ads, rank = seen[0]
+    rates = sorted(a.rate for a in ads)
+    load = sum(rates) * inst.mean_tokens
+    assert load == pytest.approx(inst.total_load_tps / 4) and rank == 8
+    # L / 4 = 0.3 req/s: six adapters of 0.05 (the heaviest first: 0.05 x 6 = 0.3)
+    assert len(ads) == feas._adapters_for_load(inst, inst.total_load_tps / 4) == 6
+    assert rates == pytest.approx([0.05] * 6)
+    with pytest.raises(ValueError, match="k must be"):
+        feas.busiest_gpu_excluded(inst, 0, DUR)
+
+
+def test_busiest_gpu_steps_raise_the_bound(monkeypatch):
+    """With L / k above COUNT_BOUND_FROM of the one-adapter cap and the busiest GPU failing,
+    the bound rises one GPU per step (at most MAX_FULLEST_STEPS); far below it, no replay."""
+    import types
+
+    import optim.feasibility as feas
+
+    inst = _pair_inst()
+    cap = 0.55 * inst.total_load_tps                      # two GPUs by the one-adapter bound
+    monkeypatch.setattr(feas, "carry_limit",
+                        lambda *a, **k: types.SimpleNamespace(limit_tps=cap))
+    monkeypatch.setattr(feas, "_must_swap", lambda *a: False)
+    ks = []
+    monkeypatch.setattr(feas, "busiest_gpu_excluded",
+                        lambda inst_, k, *a, **kw: ks.append(k) or k == 2)
+    b = twin_lower_bound(inst)
+    assert (b.one_adapter, b.busiest_excluded_to, b.best) == (2, 2, 3)
+    assert ks == [2]                                # L / 3 = 0.61 x the cap: no replay
+    assert b.to_dict()["busiest_excluded_to"] == 2
+    monkeypatch.setattr(feas, "busiest_gpu_excluded", lambda inst_, k, *a, **kw: ks.append(k))
+    assert twin_lower_bound(inst).best == 2 and ks == [2, 2]      # not shown: bound stays
