@@ -1,9 +1,14 @@
 """HTTP side of ``twin serve``: vLLM's OpenAI-compatible routes on top of the online twin engine.
 
-Routes (as vLLM 0.8.5): ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter``
-(runtime LoRA updating is always allowed, as with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) and
-``GET /metrics``. Errors use vLLM's JSON (``object: "error"``, ``message``, ``type``, ``code``).
+Routes (as vLLM 0.8.5): ``GET /health``, ``GET|POST /ping`` (SageMaker's health route),
+``GET /version`` (``{"version": <--vllm-version>}``), ``GET /v1/models``,
+``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/load_lora_adapter``,
+``POST /v1/unload_lora_adapter`` (runtime LoRA updating is always allowed, as with
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) and ``GET /metrics``. Errors use vLLM's JSON: flat
+``{"object": "error", "message", "type", "param", "code"}`` up to vLLM 0.10.0, nested
+``{"error": {...}}`` from 0.10.1 (``--vllm-version``). Request bodies are checked as vLLM checks
+them, field by field (:mod:`twin.serve.validate`): every field is honoured, accepted as not
+modelled (named in the ``X-Twin-Not-Modelled`` response header) or refused by name.
 
 Token counts. A prompt given as a list of token ids counts exactly. A text prompt is estimated
 deterministically as ceil(UTF-8 bytes / 4) tokens (about 4 bytes per token for English text with
@@ -40,8 +45,10 @@ from aiohttp import web
 
 from ..profile import GpuProfile
 from .adapters import AdapterError, AdapterRegistry
+from .cli import TIME_SCALE_RANGE
 from .engine import BASE_MODEL, EngineCore, EngineRequest, EngineSettings, WallClockEngine
-from .metrics import CONTENT_TYPE, ServeMetrics, cache_config_info
+from .metrics import CONTENT_TYPE, ServeMetrics, VllmRelease, cache_config_info
+from .validate import RequestError, check_request, parse_body
 
 DUMMY_TOKEN = " tok"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -68,6 +75,8 @@ class ServeConfig:
     seed: int = 0
     host: str = "127.0.0.1"
     port: int = 8000
+    vllm_version: str = "0.8.5"
+    vocab_size: int | None = None     # token ids >= this are refused (None: not checked)
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -86,13 +95,21 @@ class ServeConfig:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise bad("max_cpu_loras", f"must be >= max_loras {self.max_loras}")
         if not (isinstance(self.time_scale, (int, float)) and math.isfinite(self.time_scale)
-                and self.time_scale > 0):
-            raise bad("time_scale", "must be a finite number > 0")
+                and TIME_SCALE_RANGE[0] <= self.time_scale <= TIME_SCALE_RANGE[1]):
+            raise bad("time_scale", f"must be a number in [{TIME_SCALE_RANGE[0]:g}, "
+                                    f"{TIME_SCALE_RANGE[1]:g}]")
         if isinstance(self.port, bool) or not isinstance(self.port, int) \
                 or not 0 <= self.port <= 65535:
             raise bad("port", "must be an integer in [0, 65535]")
         if self.lora_modules and self.max_loras == 0:
             raise bad("lora_modules", "need LoRA enabled (max_loras >= 1)")
+        try:
+            VllmRelease.parse(self.vllm_version)
+        except ValueError as e:
+            raise bad("vllm_version", str(e)) from None
+        if self.vocab_size is not None and (isinstance(self.vocab_size, bool) or not isinstance(
+                self.vocab_size, int) or self.vocab_size < 1):
+            raise bad("vocab_size", "must be an integer >= 1 or None")
 
     @property
     def lora_enabled(self) -> bool:
@@ -122,16 +139,19 @@ class OutputLengths:
         return self.pool.pop()
 
 
-class ApiError(Exception):
-    """An error answered with vLLM's error JSON."""
+class ApiError(RequestError):
+    """An error answered with vLLM's error JSON (``param``: the field it names, if any)."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(param, message, status, kind)
 
-    def response(self) -> web.Response:
-        return web.json_response({"object": "error", "message": self.message, "type": self.kind,
-                                  "param": None, "code": self.status}, status=self.status)
+
+def error_response(e: RequestError, nested: bool = False) -> web.Response:
+    """vLLM's ``ErrorResponse``: flat (up to 0.10.0) or ``{"error": ...}`` (0.10.1 on)."""
+    info = {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}
+    body = {"error": info} if nested else {"object": "error", **info}
+    return web.json_response(body, status=e.status)
 
 
 @dataclass(eq=False)
@@ -140,6 +160,7 @@ class Ticket:
 
     max_tokens: int
     finish_reason: str = "length"
+    max_tokens_param: int = 0          # max_tokens as requested (or defaulted), for /metrics
     released: int = 0
     done: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -166,6 +187,7 @@ class TwinServer:
             mod = self.registry.add(name, path, f"--lora-modules {name}={path}")
             self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod), mod.name)
         self.lengths = OutputLengths(cfg.seed)
+        self.release = VllmRelease.parse(cfg.vllm_version)
         self.created = int(time.time())
         self.engine: WallClockEngine | None = None
         self.metrics: ServeMetrics | None = None
@@ -177,6 +199,9 @@ class TwinServer:
         app = web.Application(client_max_size=64 * 2**20)
         app.add_routes([
             web.get("/health", self.health),
+            web.get("/ping", self.health),
+            web.post("/ping", self.health),
+            web.get("/version", self.version),
             web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -192,7 +217,8 @@ class TwinServer:
         self.metrics = ServeMetrics(
             self.core, self.cfg.served_model_name, self.registry.name_of,
             lag_s=lambda: self.engine.lag_s,
-            cache_info=cache_config_info(self.settings.block_size, self.settings.kv_blocks))
+            cache_info=cache_config_info(self.settings.block_size, self.settings.kv_blocks),
+            release=self.release)
         self.engine.on_step = self.metrics.record_step
         self.engine.start()
         self.runner = web.AppRunner(self.build_app(), handler_cancellation=True,
@@ -214,6 +240,12 @@ class TwinServer:
     # ------------------------------------------------------------------ simple routes
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.release.version})
+
+    def _err(self, e: RequestError) -> web.Response:
+        return error_response(e, self.release.nested_error)
 
     async def models(self, request: web.Request) -> web.Response:
         perm = [{"id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission",
@@ -256,8 +288,8 @@ class TwinServer:
             except AdapterError as e:
                 raise ApiError(400, str(e)) from None
             self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod), mod.name)
-        except ApiError as e:
-            return e.response()
+        except RequestError as e:
+            return self._err(e)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(self, request: web.Request) -> web.Response:
@@ -274,8 +306,8 @@ class TwinServer:
                 raise ApiError(404, f"The lora adapter '{name}' cannot be found.",
                                "NotFoundError") from None
             self.core.evict_adapter(mod.adapter_id)
-        except ApiError as e:
-            return e.response()
+        except RequestError as e:
+            return self._err(e)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     # ------------------------------------------------------------------ generation
@@ -287,64 +319,84 @@ class TwinServer:
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
         return mod.adapter_id
 
-    def _lengths(self, body: dict, prompt_len: int, default_max: int | None) -> Ticket:
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    def _lengths(self, body: dict, prompt_len: int, default_max: int | None, chat: bool
+                 ) -> Ticket:
+        field = "max_tokens"
+        max_tokens = body.get("max_tokens")
+        if chat and body.get("max_completion_tokens") is not None:
+            field, max_tokens = "max_completion_tokens", body["max_completion_tokens"]
         if max_tokens is None:
             max_tokens = default_max
         room = self.settings.max_model_len - prompt_len
+        if prompt_len > self.settings.max_model_len:
+            raise ApiError(400, f"prompt: Prompt length of {prompt_len} is longer than the "
+                                f"maximum model length of {self.settings.max_model_len}.",
+                           param="prompt")
         if max_tokens is None:
             max_tokens = room
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens!r}.")
+            raise ApiError(400, f"{field}: max_tokens must be at least 1, got {max_tokens!r}.",
+                           param=field)
         if prompt_len + max_tokens > self.settings.max_model_len:
             raise ApiError(400, f"This model's maximum context length is "
                                 f"{self.settings.max_model_len} tokens. However, you requested "
                                 f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
                                 f"{max_tokens} in the completion). Please reduce the length of "
-                                "the messages or completion.")
+                                "the messages or completion.", param=field)
         min_tokens = body.get("min_tokens", 0) or 0
-        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-            raise ApiError(400, f"min_tokens must be a non-negative integer, got {min_tokens!r}.")
         if min_tokens > max_tokens:
-            raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}"
-                                f", got {min_tokens}.")
-        ignore_eos = body.get("ignore_eos", False)
-        if not isinstance(ignore_eos, bool):
-            raise ApiError(400, f"ignore_eos must be a boolean, got {ignore_eos!r}.")
+            raise ApiError(400, f"min_tokens: min_tokens must be less than or equal to "
+                                f"max_tokens={max_tokens}, got {min_tokens}.", param="min_tokens")
+        ignore_eos = body.get("ignore_eos") or False
         if ignore_eos or min_tokens >= max_tokens:
-            return Ticket(max_tokens, "length")
+            return Ticket(max_tokens, "length", max_tokens_param=max_tokens)
         n = min(max(self.lengths.draw(), min_tokens, 1), max_tokens)
-        return Ticket(n, "length" if n == max_tokens else "stop")
+        return Ticket(n, "length" if n == max_tokens else "stop", max_tokens_param=max_tokens)
+
+    def _truncate(self, body: dict, prompt_len: int) -> int:
+        """``truncate_prompt_tokens`` k keeps the last k prompt tokens (vLLM)."""
+        k = body.get("truncate_prompt_tokens")
+        return prompt_len if k is None else min(prompt_len, k)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _json_body(request)
+            notes = check_request(body, chat=False)
             adapter = self._adapter_of(body.get("model"))
-            prompt_len, source = _prompt_tokens(body.get("prompt"))
-            ticket = self._lengths(body, prompt_len, COMPLETIONS_DEFAULT_MAX_TOKENS)
+            prompt_len, source = _prompt_tokens(body.get("prompt"), self.cfg.vocab_size)
+            prompt_len = self._truncate(body, prompt_len)
+            ticket = self._lengths(body, prompt_len, COMPLETIONS_DEFAULT_MAX_TOKENS, chat=False)
             stream = _stream_flags(body)
-        except ApiError as e:
-            return e.response()
+        except RequestError as e:
+            return self._err(e)
         return await self._generate(request, body, adapter, prompt_len, source, ticket, stream,
-                                    chat=False)
+                                    chat=False, notes=notes)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _json_body(request)
+            notes = check_request(body, chat=True)
             adapter = self._adapter_of(body.get("model"))
-            prompt_len = _chat_prompt_tokens(body.get("messages"))
-            ticket = self._lengths(body, prompt_len, None)
+            prompt_len = self._truncate(body, _chat_prompt_tokens(body.get("messages")))
+            ticket = self._lengths(body, prompt_len, None, chat=True)
             stream = _stream_flags(body)
-        except ApiError as e:
-            return e.response()
+        except RequestError as e:
+            return self._err(e)
         return await self._generate(request, body, adapter, prompt_len,
-                                    "estimate_utf8_bytes_div_4", ticket, stream, chat=True)
+                                    "estimate_utf8_bytes_div_4", ticket, stream, chat=True,
+                                    notes=notes)
 
     async def _generate(self, request: web.Request, body: dict, adapter: int, prompt_len: int,
-                        source: str, ticket: Ticket, stream: tuple[bool, bool], chat: bool
-                        ) -> web.StreamResponse:
+                        source: str, ticket: Ticket, stream: tuple[bool, bool], chat: bool,
+                        notes: tuple[list[str], list[str]] = ([], [])) -> web.StreamResponse:
         model = body.get("model") or self.cfg.served_model_name
-        rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(16)
+        rid = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id")
+                                                    or secrets.token_hex(16))
+        headers = {}
+        if notes[0]:
+            headers["X-Twin-Not-Modelled"] = ",".join(notes[0])
+        if notes[1]:
+            headers["X-Twin-Ignored-Fields"] = ",".join(notes[1])
         created = int(time.time())
         req = self.engine.submit(adapter, prompt_len, ticket.max_tokens, tag=ticket,
                                  on_token=_on_token)
@@ -354,7 +406,7 @@ class TwinServer:
         try:
             if stream[0]:
                 return await self._stream(request, req, ticket, rid, created, model, chat,
-                                          usage if stream[1] else None)
+                                          usage if stream[1] else None, headers)
             while not ticket.done:
                 await ticket.event.wait()
                 ticket.event.clear()
@@ -374,17 +426,17 @@ class TwinServer:
         return web.json_response({
             "id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": model, "choices": [choice], "usage": usage,
-            "twin_timing": self._timing(req)})
+            "twin_timing": self._timing(req)}, headers=headers)
 
     def _timing(self, req: EngineRequest) -> dict[str, float]:
         return {"arrival_s": req.arrival, "ttft_s": req.first_t - req.arrival,
                 "e2e_s": req.finish_t - req.arrival, "time_scale": self.cfg.time_scale}
 
     async def _stream(self, request: web.Request, req: EngineRequest, ticket: Ticket, rid: str,
-                      created: int, model: str, chat: bool, usage: dict | None
-                      ) -> web.StreamResponse:
+                      created: int, model: str, chat: bool, usage: dict | None,
+                      headers: dict | None = None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+                                           "Cache-Control": "no-cache", **(headers or {})})
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -427,54 +479,58 @@ class TwinServer:
 
 # ---------------------------------------------------------------------------- request parsing
 async def _json_body(request: web.Request) -> dict:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
+    """The body as a JSON object (depth-bounded before parsing; see :mod:`.validate`)."""
+    return parse_body(await request.read())
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, f"stream must be a boolean, got {stream!r}.")
+    stream = body.get("stream") or False
     opts = body.get("stream_options") or {}
     include = bool(opts.get("include_usage", False)) if isinstance(opts, dict) else False
     return stream, include
 
 
-def _prompt_tokens(prompt: Any) -> tuple[int, str]:
-    """Length of a completions prompt and the rule used (see the module docstring)."""
+def _prompt_tokens(prompt: Any, vocab_size: int | None = None) -> tuple[int, str]:
+    """Length of a completions prompt and the rule used (see the module docstring). Token ids
+    must lie in [0, vocab_size) (vLLM: "Token id N is out of vocabulary")."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]           # a batch of one
     if isinstance(prompt, str):
         if not prompt:
-            raise ApiError(400, "prompt must not be empty.")
+            raise ApiError(400, "prompt: prompt must not be empty.", param="prompt")
         return estimate_text_tokens(prompt), "estimate_utf8_bytes_div_4"
     if isinstance(prompt, list) and prompt and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in prompt):
+            isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        lo, hi = min(prompt), max(prompt)
+        if lo < 0:
+            raise ApiError(400, f"prompt: Token id {lo} is out of vocabulary", param="prompt")
+        if vocab_size is not None and hi >= vocab_size:
+            raise ApiError(400, f"prompt: Token id {hi} is out of vocabulary (vocabulary size "
+                                f"{vocab_size})", param="prompt")
         return len(prompt), "token_ids"
     if isinstance(prompt, list) and prompt:
-        raise ApiError(400, "prompt must be a string or one list of token ids (non-negative "
-                            "integers); batched prompts are not supported by twin serve.")
-    raise ApiError(400, "prompt must be a non-empty string or a non-empty list of token ids.")
+        raise ApiError(400, "prompt: prompt must be a string or one list of token ids "
+                            "(integers); batched prompts are not supported by twin serve.",
+                       param="prompt")
+    raise ApiError(400, "prompt: prompt must be a non-empty string or a non-empty list of token "
+                        "ids.", param="prompt")
 
 
 def _chat_prompt_tokens(messages: Any) -> int:
     if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list.")
+        raise ApiError(400, "messages: messages must be a non-empty list.", param="messages")
     total = CHAT_TOKENS_FIXED
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'.")
+            raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'.",
+                           param="messages")
         content = m.get("content") or ""
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content
                               if isinstance(p, dict) and p.get("type") == "text")
         if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts.")
+            raise ApiError(400, f"messages[{i}].content must be a string or a list of text "
+                                "parts.", param="messages")
         total += CHAT_TOKENS_PER_MESSAGE + (estimate_text_tokens(content) if content else 0)
     return total
 
@@ -484,9 +540,9 @@ def _check_str_fields(body: dict, names: tuple[str, ...]) -> None:
     answers a missing or non-string field with a 400 BadRequestError naming it."""
     for k in names:
         if k not in body:
-            raise ApiError(400, f"{k}: Field required")
+            raise ApiError(400, f"{k}: Field required", param=k)
         if not isinstance(body[k], str):
-            raise ApiError(400, f"{k}: Input should be a valid string")
+            raise ApiError(400, f"{k}: Input should be a valid string", param=k)
 
 
 async def serve_forever(cfg: ServeConfig, stop: asyncio.Event) -> None:

@@ -92,6 +92,7 @@ class EngineRequest(RequestState):
     (virtual seconds). ``on_token`` is called after every step that produced a token for it."""
 
     arrival: float = 0.0
+    scheduled_t: float = -1.0     # start of the first step that scheduled it (vLLM's scheduled_ts)
     first_t: float = -1.0
     finish_t: float = -1.0
     last_token_t: float = -1.0
@@ -218,6 +219,8 @@ class EngineCore:
         n_prefill = n_decode = ctx = 0
         tok_of: dict[int, int] = {}
         for req, new in zip(plan.scheduled, plan.new_tokens):
+            if req.scheduled_t < 0.0:
+                req.scheduled_t = self.clock
             ctx += req.computed
             if req.generated > 0 and req.num_tokens - req.computed == 1:
                 n_decode += 1
