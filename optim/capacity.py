@@ -398,6 +398,18 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     return out
 
 
+def limit_is_cached(profile: GpuProfile | str, rank: int, n_adapters: int,
+                    lengths: LengthModel, duration_s: float, seeds: Sequence[int],
+                    threshold: float) -> bool:
+    """True when ``carry_limit`` with these arguments needs no measurement (in memory, in the
+    user's cache or in the shipped file)."""
+    prof = _profile(profile)
+    seeds = tuple(int(s) for s in seeds)
+    key = _limit_key(prof, rank, n_adapters, lengths, duration_s,
+                     seeds if n_adapters == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold)
+    return key in _cache or _disk_get(key) is not None
+
+
 def max_startable_amax(profile: GpuProfile | str, rank: int) -> int:
     """Largest Amax with a KV-capacity entry at ``rank`` (0 when no configuration starts)."""
     prof = _profile(profile)
@@ -421,5 +433,5 @@ def clear_cache() -> None:
 
 
 __all__ = ["backbone_max_throughput", "lora_max_throughput",
-           "max_startable_amax", "CarryLimit", "carry_limit", "twin_fingerprint",
+           "max_startable_amax", "CarryLimit", "carry_limit", "limit_is_cached", "twin_fingerprint",
            "adapter_kv_cost", "clear_cache"]

@@ -1,6 +1,6 @@
-"""Command line: ``python -m optim solve|generate|methods|deploy|replan``.
+"""Command line: ``python -m optim plan|solve|generate|methods|deploy|replan``.
 
-``deploy`` and ``replan`` live in ``optim.cli_deploy``.
+``plan`` lives in ``optim.cli_plan``, ``deploy`` and ``replan`` in ``optim.cli_deploy``.
 
 ``solve <instance.json> --method NAME [--verify/--no-verify] [--json OUT] [--vllm-args OUT]
 [--objective gpus|cost|latency] [--time-limit S] [--gpus K] [--seed S] [--duration S] [--workers W]
@@ -26,6 +26,7 @@ from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED,
                               HelpFormatter, check_output, check_output_dir, float_above,
                               int_at_least, nonneg_int, positive_int, run_command, seed_type,
                               write_output)
+from twin.cli_support import Interrupted
 from twin.limits import MAX_DURATION_S
 
 from .generate import SETS, generate_set
@@ -93,6 +94,9 @@ def _solve_and_report(a: argparse.Namespace, inst, json_out, vllm_out, workers) 
     try:
         p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
                   duration_s=a.duration, workers=workers)
+    except Interrupted as e:     # Ctrl-C / SIGTERM: keep the best placement found so far
+        _write_interrupted(e.partial, json_out)
+        raise
     finally:
         twin.fleet.show_progress = False
     print(p.table(max_ids=a.show_ids))
@@ -118,6 +122,22 @@ def _solve_and_report(a: argparse.Namespace, inst, json_out, vllm_out, workers) 
             note = "" if p.verdict == "accepted" else f" (twin_verdict={p.verdict or 'unverified'})"
             print(f"wrote {vllm_out}{note}")
     return rc
+
+
+def _write_interrupted(p, json_out) -> None:
+    """On Ctrl-C / SIGTERM: write the best placement found so far to ``--json``, marked
+    ``"interrupted": true`` (``--vllm-args`` is not written: nothing was verified to the end)."""
+    if json_out is None:
+        return
+    if p is None or not getattr(p, "gpus", None):
+        print(f"not writing --json {json_out}: interrupted before any placement was found",
+              file=sys.stderr)
+        return
+    write_output(json_out, json.dumps({"interrupted": True, **json.loads(p.to_json())},
+                                      indent=1))
+    print(f"interrupted: wrote the best placement found so far ({p.n_gpus} GPUs, "
+          f"{p.params.get('interrupted_source', 'status ' + p.status)}) to {json_out}",
+          file=sys.stderr)
 
 
 def _with_max_homes(inst, k: int, method: str, info):
@@ -221,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_methods)
     from .cli_deploy import add_subcommands
     add_subcommands(sub)              # deploy, replan
+    from .cli_plan import add_subcommand as add_plan
+    add_plan(sub)
     return ap
 
 

@@ -1,0 +1,84 @@
+"""``python -m optim plan ADAPTERS.csv [--gpu H100] [--model M] [--pool TYPE=COUNT[@PRICE] ...]
+[--objective gpus|cost|energy] [--method greedy] [--duration S] [--out plan/]``: the operator's
+path from a CSV of adapters to a plan folder (``optim.plan``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
+                              HelpFormatter, float_above, int_at_least, positive_int, seed_type)
+from twin.limits import MAX_DURATION_S
+
+from .plan import (DEFAULT_DURATION_S, PlanError, make_plan, parse_pool, plan_instance,
+                   summary_lines)
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from .methods import get_method, method_names
+    try:
+        info = get_method(a.method)
+    except KeyError as e:
+        raise CliError(f"--method: {e.args[0]}") from None
+    if info.fixed_fleet:
+        sizing = ", ".join(n for n in method_names() if not get_method(n).fixed_fleet)
+        raise CliError(f"--method {a.method}: places onto a given fleet size; plan needs a "
+                       f"method that sizes the fleet ({sizing})")
+    out = Path(a.out)
+    try:
+        from .plan import check_plan_dir
+        check_plan_dir(out, a.force)
+        pool = [parse_pool(x) for x in a.pool or ()]
+        inst = plan_instance(a.adapters, a.gpu, a.model, pool, a.objective, a.duration, a.seed,
+                             a.name, a.max_homes)
+        res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force, a.quiet)
+    except PlanError as e:
+        raise CliError(str(e)) from None
+    for line in summary_lines(res, out):
+        print(line)
+    p = res.placement
+    if p.verdict == "rejected":
+        return EXIT_REJECTED
+    return 0 if p.status != "infeasible" else EXIT_INFEASIBLE
+
+
+def add_subcommand(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser(
+        "plan", help="adapters CSV in, plan folder out (placement, vLLM commands, routing, "
+                     "manifests, report)",
+        formatter_class=HelpFormatter, epilog=EXIT_CODES_EPILOG,
+        description="Place the adapters of a CSV (header id,rank,rate; rate in req/s) on GPUs "
+                    "serving one base model, verify the placement in the fleet twin, and write "
+                    "a plan folder: placement.json (claim and twin lower bound), servers/gpu-<i>.sh "
+                    "(vLLM commands), routing.csv/json, control-plane manifests, report.md and "
+                    "report.png.")
+    s.add_argument("adapters", help="CSV with header id,rank,rate (e.g. "
+                                    "instances/examples/adapters.csv)")
+    s.add_argument("--gpu", default="H100",
+                   help="GPU type: a catalog id (H100-64GB, H100-80GB, A100-80GB, H200, L40S) "
+                        "or a prefix of one (H100 = the measured H100 profile)")
+    s.add_argument("--model", default="llama-3.1-8b-instruct",
+                   help="base model (llama-3.1-8b-instruct, qwen-2.5-7b-instruct)")
+    s.add_argument("--pool", action="append", metavar="TYPE=COUNT[@PRICE]",
+                   help="a GPU type of a mixed pool with how many are available and its "
+                        "$/GPU-hour (repeat; replaces --gpu)")
+    s.add_argument("--objective", choices=("gpus", "cost", "energy"), default="gpus")
+    s.add_argument("--method", default="greedy",
+                   help="placement method (greedy; milp, cpsat or auto for exact search)")
+    s.add_argument("--time-limit", type=float_above(0.0), default=None, metavar="S",
+                   help="time limit of the exact methods in seconds")
+    s.add_argument("--duration", type=float_above(0.0, MAX_DURATION_S),
+                   default=DEFAULT_DURATION_S, metavar="S",
+                   help="twin verification window in seconds")
+    s.add_argument("--seed", type=seed_type, default=0, help="workload seed of the twin")
+    s.add_argument("--max-homes", type=positive_int, default=1, metavar="K",
+                   help="route one adapter to at most K GPUs (greedy, milp, cpsat, auto)")
+    s.add_argument("--name", default=None, help="plan name (default: the CSV's file name)")
+    s.add_argument("--workers", type=int_at_least(1, 256), default=None,
+                   help="processes for the twin replays (default: all cores)")
+    s.add_argument("--out", default="plan", help="plan folder (refused when it holds files, "
+                                                 "unless --force)")
+    s.add_argument("--force", action="store_true", help="write into a non-empty --out folder")
+    s.add_argument("--quiet", action="store_true", help="no stage lines or progress bars")
+    s.set_defaults(func=cmd_plan)

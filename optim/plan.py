@@ -1,0 +1,539 @@
+"""The operator's path: a CSV of adapters in, a plan folder out (``python -m optim plan``).
+
+``plan_instance`` turns an adapters CSV (``id,rank,rate``), a GPU type and a base model (or a pool
+of ``TYPE=COUNT[@PRICE]`` entries) into an :class:`~optim.instance.Instance`; ``make_plan`` then
+runs the stages an operator needs, each announced on stderr as it starts:
+
+1. the twin-sound lower bound on the GPU count (``feasibility.twin_lower_bound``): its carry
+   limits are measured once per profile, lengths model and window and cached (shipped for the
+   shipped profiles in ``optim/data/carry_limits.json``);
+2. the placement (greedy by default, any registered method by name), verified in the fleet twin
+   and, for greedy, repaired and compacted there;
+3. the report curves: every GPU's twin capacity (the largest load, its adapters' rates scaled
+   together, it carries unstarved at its max_loras) and, for the busiest GPUs, twin throughput / offered load against ``max_loras`` with the
+   chosen point and the starvation line;
+4. the files: ``placement.json`` (the full record with its claim and bound), the deployment
+   files of ``optim.deploy`` (vLLM command per GPU, routing table, control-plane manifests) and
+   ``report.md`` + ``report.png``.
+
+Nothing is written when a stage fails; an existing non-empty folder is refused unless ``force``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from twin.workload import Adapter
+
+from .instance import Instance, InstanceError, instance_from_dict
+from .placement import GpuPlan, Placement
+
+DEFAULT_DURATION_S = 3600.0
+CURVE_WINDOW_S = 600.0          # window of the report's curves (the verdict uses the plan's)
+CURVE_GPUS = 8                  # GPUs whose max_loras curve the report draws (busiest first)
+CAPACITY_ROUNDS = 7             # bisection rounds of a GPU's capacity (bracket / 128)
+_AMAX_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_POOL = re.compile(r"^(?P<type>[^=@\s]+)=(?P<count>[^@\s]+)(?:@(?P<price>\S+))?$")
+
+
+class PlanError(ValueError):
+    """Bad plan input; the message names the option or file and the reason."""
+
+
+# ----------------------------------------------------------------------------- instance
+@dataclass(frozen=True)
+class PoolEntry:
+    """One GPU type of the pool: catalog id (or alias), how many are available, $/GPU-hour."""
+
+    gpu: str
+    count: int | None = None
+    price_per_hour: float | None = None
+
+
+def parse_pool(text: str) -> PoolEntry:
+    """``TYPE=COUNT[@PRICE]`` (e.g. ``H100=8@2.49``) as a :class:`PoolEntry`."""
+    m = _POOL.match(text.strip())
+    if not m:
+        raise PlanError(f"--pool {text!r}: expected TYPE=COUNT[@PRICE], e.g. H100=8@2.49")
+    try:
+        count = int(m["count"])
+    except ValueError:
+        raise PlanError(f"--pool {text!r}: COUNT must be an integer, got {m['count']!r}") from None
+    if not 1 <= count <= 100_000:
+        raise PlanError(f"--pool {text!r}: COUNT must be in 1..100000, got {count}")
+    price = None
+    if m["price"] is not None:
+        try:
+            price = float(m["price"])
+        except ValueError:
+            raise PlanError(f"--pool {text!r}: PRICE must be a number ($/GPU-hour), got "
+                            f"{m['price']!r}") from None
+        if not (math.isfinite(price) and 0 <= price <= 1e4):
+            raise PlanError(f"--pool {text!r}: PRICE must be in [0, 10000] $/GPU-hour, got "
+                            f"{m['price']}")
+    return PoolEntry(m["type"], count, price)
+
+
+def resolve_gpu(name: str, model: str) -> str:
+    """Catalog id for ``name``: an exact id (any case), else the ids it prefixes, preferring the
+    one with a measured profile of ``model`` (``H100`` -> ``H100-64GB`` for the shipped Llama
+    and Qwen profiles)."""
+    from twin.gpu_catalog import gpu_ids
+    ids = gpu_ids()
+    low = {i.lower(): i for i in ids}
+    if name.lower() in low:
+        return low[name.lower()]
+    cands = [i for i in ids if i.lower().startswith(name.lower())]
+    if len(cands) > 1:
+        measured = [i for i in cands if _measured_profile(i, model) is not None]
+        if len(measured) == 1:
+            return measured[0]
+    if len(cands) == 1:
+        return cands[0]
+    why = f"matches {', '.join(cands)}" if cands else "is not in the catalog"
+    raise PlanError(f"--gpu {name!r}: {why} (catalog: {', '.join(ids)}; "
+                    "twin/data/gpus.json)")
+
+
+def _measured_profile(gpu: str, model: str) -> str | None:
+    """Name of the shipped measured profile of ``model`` on catalog ``gpu``, if any."""
+    from twin.derive import profile_for
+    try:
+        prof = profile_for(gpu, model)
+    except (ValueError, OSError, KeyError):
+        return None
+    return None if prof.is_derived else prof.name
+
+
+def _gpu_entry(gpu: str, model: str, count: int, price: float | None) -> dict[str, Any]:
+    measured = _measured_profile(gpu, model)
+    entry: dict[str, Any] = ({"profile": measured} if measured is not None
+                             else {"gpu": gpu, "model": model})
+    entry = {"name": gpu.lower(), **entry, "count": count}
+    if price is not None:
+        entry["price_per_hour"] = price
+    return entry
+
+
+def _default_count(adapters_csv: Path, gpu: str, model: str, name: str, base: dict) -> int:
+    """Pool size when none is given: enough for any placement the methods may open (at least
+    twice the constant-capacity lower bound, plus two), at most one GPU per adapter."""
+    from .feasibility import gpu_lower_bound
+    probe = instance_from_dict({**base, "gpus": [_gpu_entry(gpu, model, 100_000, None)]},
+                               str(adapters_csv), adapters_csv.parent)
+    n = len(probe.adapters)
+    return max(1, min(n, 2 * gpu_lower_bound(probe) + 2))
+
+
+def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
+                  model: str = "llama-3.1-8b-instruct", pool: Sequence[PoolEntry] = (),
+                  objective: str = "gpus", duration_s: float = DEFAULT_DURATION_S, seed: int = 0,
+                  name: str | None = None, max_homes: int = 1) -> Instance:
+    """An instance from an adapters CSV: one GPU type (``gpu`` serving ``model``, pool sized
+    automatically) or the given ``pool`` entries (their ``gpu`` resolved like ``gpu``)."""
+    path = Path(adapters_csv)
+    if not path.is_file():
+        raise PlanError(f"{path}: no such file (expected a CSV with header id,rank,rate)")
+    from twin.model_configs import ModelConfigError, model_config
+    try:
+        model_config(model)
+    except ModelConfigError as e:
+        raise PlanError(f"--model {model!r}: {e}") from None
+    stem = name or re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-") or "plan"
+    base: dict[str, Any] = {"schema_version": 1, "name": stem,
+                            "description": f"{path.name}; planned with optim plan",
+                            "adapters": path.name, "objective": objective,
+                            "duration_s": float(duration_s), "seed": int(seed)}
+    if max_homes > 1:
+        base["max_homes"] = int(max_homes)
+    try:
+        if pool:
+            seen: set[str] = set()
+            gpus = []
+            for e in pool:
+                gid = resolve_gpu(e.gpu, model)
+                if gid in seen:
+                    raise PlanError(f"--pool: GPU type {gid} given twice")
+                seen.add(gid)
+                gpus.append(_gpu_entry(gid, model, int(e.count or 1), e.price_per_hour))
+        else:
+            gid = resolve_gpu(gpu, model)
+            gpus = [_gpu_entry(gid, model, _default_count(path, gid, model, stem, base), None)]
+        return instance_from_dict({**base, "gpus": gpus}, str(path), path.parent)
+    except InstanceError as e:
+        raise PlanError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- curves
+@dataclass(frozen=True)
+class GpuCurve:
+    """One GPU's report figures: its twin capacity (the largest offered load, its adapters'
+    rates scaled together, it carries unstarved at its chosen Amax) and, when drawn, twin throughput / offered load
+    at each ``max_loras`` of ``amaxes`` (window ``CURVE_WINDOW_S``, the GPU's own seed)."""
+
+    gpu: int
+    offered_tps: float
+    capacity_tps: float
+    amaxes: tuple[int, ...] = ()
+    served_share: tuple[float, ...] = ()
+    memory_error: tuple[bool, ...] = ()
+
+
+def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
+    """The ``max_loras`` values a curve shows: every integer up to 12, then a ladder up to the
+    largest useful one (``min(adapters + 1, top)``) or the chosen one, whichever is larger."""
+    hi = max(1, min(n_adapters + 1, top), min(chosen, top))
+    pts = set(range(1, min(hi, 12) + 1)) | {a for a in _AMAX_LADDER if a <= hi}
+    return sorted(pts | {hi})
+
+
+def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0):
+    from twin.fleet import GpuAssignment
+    from twin.server import ServerConfig
+    cfg = ServerConfig(max_loras=int(amax), max_lora_rank=plan.max_lora_rank,
+                       starvation_threshold=thr, power_cap_w=plan.power_cap_w)
+    ads = tuple((Adapter(a.id, a.rank, a.rate * scale), s)
+                for a, s in sorted(plan.adapters, key=lambda p: p[0].id))
+    return GpuAssignment(plan.profile, cfg, ads)
+
+
+def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
+               curve_gpus: int = CURVE_GPUS, workers: int | None = None) -> list[GpuCurve]:
+    """Every GPU's capacity and the ``max_loras`` curves of the ``curve_gpus`` busiest."""
+    from twin.fleet import simulate_fleet
+    from .capacity import max_startable_amax
+    thr = inst.starvation_threshold
+    seeds = [inst.seed + g for g in range(p.n_gpus)]
+
+    def run(jobs, sds):
+        if not jobs:
+            return []
+        return simulate_fleet(jobs, duration_s=window_s, lengths=inst.lengths, seed=inst.seed,
+                              workers=workers, check_routing=False, seeds=sds).per_gpu
+
+    # capacity: the largest offered load (the GPU's adapters scaled together) it carries
+    # unstarved at its max_loras; bracketed by a heavy overload's throughput T (it carries at
+    # least ~T x threshold, at most T / threshold), then bisected
+    def offered(g: GpuPlan) -> float:
+        return max(sum(inst.load_tps(a) * s for a, s in g.adapters), 1e-9)
+
+    sat = run([_assign(g, g.max_loras, thr, 40_000.0 / offered(g)) for g in p.gpus], seeds)
+    lo = [0.5 * thr * m.throughput_tps for m in sat]
+    hi = [max(m.throughput_tps / thr, 1.0) * 1.05 for m in sat]
+    for _ in range(CAPACITY_ROUNDS):
+        mid = [(a + b) / 2 for a, b in zip(lo, hi)]
+        res = run([_assign(g, g.max_loras, thr, x / offered(g)) for g, x in zip(p.gpus, mid)],
+                  seeds)
+        for i, m in enumerate(res):
+            ok = not (m.starved or m.memory_error)
+            lo[i], hi[i] = (mid[i], hi[i]) if ok else (lo[i], mid[i])
+    caps = lo
+    busiest = sorted(range(p.n_gpus), key=lambda g: -p.gpus[g].offered_tps)[:curve_gpus]
+    jobs, sds, where = [], [], []
+    for g in busiest:
+        plan = p.gpus[g]
+        top = max_startable_amax(plan.profile, plan.max_lora_rank)
+        for a in amax_points(plan.n_adapters, max(top, 1), plan.max_loras):
+            jobs.append(_assign(plan, a, thr))
+            sds.append(seeds[g])
+            where.append((g, a))
+    res = run(jobs, sds)
+    by_gpu: dict[int, list[tuple[int, float, bool]]] = {}
+    for (g, a), m in zip(where, res):
+        share = m.throughput_tps / m.offered_tps if m.offered_tps > 0 else float("nan")
+        by_gpu.setdefault(g, []).append((a, share, bool(m.memory_error)))
+    out = []
+    for g, plan in enumerate(p.gpus):
+        pts = by_gpu.get(g, [])
+        out.append(GpuCurve(g, plan.offered_tps, caps[g], tuple(a for a, _, _ in pts),
+                            tuple(s for _, s, _ in pts), tuple(e for _, _, e in pts)))
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+@dataclass(frozen=True)
+class PlanResult:
+    """What ``make_plan`` produced: the placement, the bound it was compared with, the curves,
+    the files written and the stage timings (seconds)."""
+
+    instance: Instance
+    placement: Placement
+    bound: Any | None
+    curves: tuple[GpuCurve, ...]
+    files: tuple[Path, ...]
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def claim(self) -> str:
+        return claim_text(self.placement, self.bound)
+
+
+def claim_text(p: Placement, bound) -> str:
+    """The claim in words: optimal in the twin (the count meets the twin-sound bound), the
+    gap to it, or no claim (another objective, or a rejected placement)."""
+    if p.verdict != "accepted":
+        return f"no claim: the twin verdict is {p.verdict or 'unverified'}"
+    if p.params.get("claim"):
+        return str(p.params["claim"])
+    if bound is not None and p.objective == "gpus":
+        lb = bound.best
+        if p.n_gpus == lb:
+            return "optimal in the twin (the GPU count meets the twin lower bound)"
+        return f"within {p.n_gpus - lb} GPU(s) of the twin lower bound ({lb})"
+    return f"twin-accepted; objective {p.objective} (no optimality claim)"
+
+
+def bound_basis(bound) -> list[str]:
+    """What the twin lower bound rests on, one line per part that holds."""
+    if bound is None:
+        return ["no twin lower bound for this objective or pool (mixed or catalog GPU types)"]
+    lines = [f"one-adapter cap: no GPU carries more than {bound.gpu_cap_tps:,.0f} tok/s unstarved "
+             f"(its least-work server, measured with the verification seeds plus a spread margin)"
+             f" -> at least {bound.one_adapter} GPU(s) for {bound.load_tps:,.0f} tok/s"]
+    if bound.by_count > bound.one_adapter:
+        lines.append(f"adapter-count cap: a GPU whose adapters offer at most "
+                     f"{bound.max_adapter_tps:,.0f} tok/s each carries at most "
+                     f"{bound.count_cap_tps:,.0f} tok/s -> at least {bound.by_count} GPU(s)")
+    if bound.one_gpu_excluded:
+        lines.append("one GPU holding every adapter starves at every max_loras (replayed)")
+    if bound.fullest_excluded_to:
+        lines.append(f"with up to {bound.fullest_excluded_to} GPUs the fullest one must swap "
+                     "adapters and starves at every max_loras (replayed)")
+    if getattr(bound, "busiest_excluded_to", 0):
+        lines.append(f"with up to {bound.busiest_excluded_to} GPUs the busiest one starves at "
+                     "every max_loras (replayed)")
+    if getattr(bound, "two_gpus_excluded", False):
+        lines.append("no split over two GPUs is accepted (replayed)")
+    lines.append(f"bound: {bound.best} GPU(s) (window {bound.duration_s:g} s)")
+    return lines
+
+
+def write_png(path: Path, p: Placement, curves: Sequence[GpuCurve], thr: float,
+              bound, window_s: float) -> None:
+    """The report's figure: load against twin capacity per GPU; throughput / offered against
+    ``max_loras`` for the drawn GPUs, the chosen point and the starvation line; the bound."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    gi = list(range(p.n_gpus))
+    ax1.bar(gi, [c.capacity_tps for c in curves], color="#c6dbef", label="twin capacity")
+    ax1.bar(gi, [c.offered_tps for c in curves], width=0.5, color="#2171b5",
+            label="offered load")
+    ax1.set_xlabel("GPU")
+    ax1.set_ylabel("tok/s")
+    ax1.set_title("load against twin capacity")
+    ax1.set_xticks(gi if len(gi) <= 32 else gi[::max(1, len(gi) // 16)])
+    ax1.legend(fontsize=8, loc="lower right")
+    for c in curves:
+        if not c.amaxes:
+            continue
+        line, = ax2.plot(c.amaxes, c.served_share, marker=".", label=f"GPU {c.gpu}")
+        chosen = p.gpus[c.gpu].max_loras
+        if chosen in c.amaxes:
+            ax2.plot([chosen], [c.served_share[c.amaxes.index(chosen)]], "o", ms=10,
+                     mfc="none", color=line.get_color())
+    ax2.axhline(thr, color="crimson", ls="--", lw=1, label=f"starvation line ({thr:.0%})")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("max_loras (Amax)")
+    ax2.set_ylabel("twin throughput / offered load")
+    ax2.set_title(f"throughput vs max_loras ({window_s:g} s window; circle = chosen)")
+    ax2.legend(fontsize=8, loc="lower right", ncol=2)
+    lb = f"twin lower bound {bound.best} GPU(s)" if bound is not None else "no twin lower bound"
+    fig.suptitle(f"{p.instance}: {p.n_gpus} GPU(s) by {p.method}, verdict "
+                 f"{p.verdict or 'unverified'}; {lb}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _first_command(deploy_files: Sequence[str], out_dir: Path | None) -> str | None:
+    """GPU 0's server command from its script, without comments (None when absent)."""
+    if out_dir is None or "servers/gpu-0.sh" not in deploy_files:
+        return None
+    try:
+        text = (out_dir / "servers" / "gpu-0.sh").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    body = [x for x in text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+    return "\n".join(body) or None
+
+
+def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCurve],
+                    deploy_files: Sequence[str], stages: dict[str, float],
+                    out_dir: Path | None = None) -> str:
+    """The one-page report (Markdown)."""
+    thr = inst.starvation_threshold
+    lines = [f"# Plan for {inst.name}", "",
+             f"- adapters: {len(inst.adapters)}, offered load {inst.total_load_tps:,.0f} tok/s",
+             f"- GPUs: **{p.n_gpus}** ({', '.join(f'{k} x{v}' for k, v in p.gpus_by_type().items())})"
+             f" by `{p.method}`, objective `{p.objective}`",
+             f"- twin verdict: **{p.verdict or 'unverified'}** over a "
+             f"{p.verify_duration_s or inst.duration_s:g} s window (a GPU passes when it serves "
+             f"at least {thr:.0%} of its offered tokens and starts without a memory error)",
+             f"- claim: **{claim_text(p, bound)}**", "",
+             "## GPUs", "",
+             "| GPU | type | max_loras | max_lora_rank | adapters | offered tok/s | twin tok/s "
+             "| twin capacity tok/s | load / capacity |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g, (plan, c) in enumerate(zip(p.gpus, curves)):
+        tw = f"{plan.verified.throughput_tps:,.0f}" if plan.verified else "-"
+        lines.append(f"| {g} | {plan.gpu_type} | {plan.max_loras} | {plan.max_lora_rank} | "
+                     f"{plan.n_adapters} | {plan.offered_tps:,.0f} | {tw} | "
+                     f"{c.capacity_tps:,.0f} | {plan.offered_tps / max(c.capacity_tps, 1):.2f} |")
+    lines += ["", "![plan](report.png)", "",
+              "Left: each GPU's offered load against its twin capacity (the largest load, its "
+              "adapters' rates scaled together, it carries unstarved at its max_loras). Right: twin throughput / offered "
+              f"load against max_loras for the {min(CURVE_GPUS, p.n_gpus)} busiest GPUs, over a "
+              f"{CURVE_WINDOW_S:g} s window with each GPU's verification seed; below the dashed "
+              "line a GPU starves.", "",
+              "## Lower bound", ""]
+    lines += [f"- {x}" for x in bound_basis(bound)]
+    if p.notes or p.repairs:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in p.notes] + \
+                 [f"- repair: {r}" for r in p.repairs]
+    cmd = _first_command(deploy_files, out_dir)
+    if cmd:
+        lines += ["", "## Deploy", "", "Each GPU runs one vLLM server; GPU 0's command "
+                  "(`servers/gpu-0.sh`; the others differ in device, port, adapters and flags):",
+                  "", "```bash", cmd, "```"]
+    lines += ["", "## Files", "",
+              "- `placement.json`: the full placement record (per-GPU twin metrics, claim, bound)"]
+    lines += [f"- `{f}`" for f in deploy_files]
+    lines += ["", "## Timings", ""] + [f"- {k}: {v:.1f} s" for k, v in stages.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- the pipeline
+def check_plan_dir(out: Path, force: bool) -> None:
+    """Refuse a file, or a non-empty folder without ``force`` (nothing a user has is lost)."""
+    if out.exists() and not out.is_dir():
+        raise PlanError(f"--out {out}: is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise PlanError(f"--out {out}: folder exists and is not empty (pass --force to "
+                        "overwrite the plan files in it)")
+
+
+def _say(quiet: bool) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
+    return say
+
+
+def _bound_cached(inst: Instance, dur: float) -> bool:
+    """True when every one-adapter limit the bound needs is already measured (cache or the
+    shipped file), so the bound takes seconds, not minutes."""
+    from .capacity import limit_is_cached
+    from .feasibility import _bound_seeds, _type_rank
+    for t in inst.gpu_types:
+        r = _type_rank(inst, t)
+        if r is not None and not limit_is_cached(t.load_profile(), r, 1, inst.lengths, dur,
+                                                  _bound_seeds(inst), inst.starvation_threshold):
+            return False
+    return True
+
+
+def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective: str | None = None,
+              time_limit_s: float | None = None, workers: int | None = None,
+              force: bool = False, quiet: bool = False, deploy_opts=None) -> PlanResult:
+    """Run the stages of the module docstring and write the plan folder ``out``."""
+    from .deploy import DeployOptions, write_deployment
+    from .feasibility import twin_lower_bound
+    from .methods import MethodOptions, solve
+    out = Path(out)
+    check_plan_dir(out, force)
+    say = _say(quiet)
+    dur = float(inst.duration_s)
+    stages: dict[str, float] = {}
+    bound = None
+    t0 = time.perf_counter()
+    obj_name = objective or inst.objective.kind
+    if obj_name == "gpus" and not inst.uses_configurations:
+        if _bound_cached(inst, dur):
+            say(f"[1/4] twin lower bound (limits cached for this profile, lengths model and "
+                f"{dur:g} s window)")
+        else:
+            say(f"[1/4] measuring twin limits for this lengths model and {dur:g} s window, once "
+                f"(then cached): ~{_limit_estimate_s(inst, dur):.0f} s")
+        bound = twin_lower_bound(inst, dur, workers)
+        say(f"      at least {bound.best} GPU(s) ({time.perf_counter() - t0:.1f} s)")
+    else:
+        say("[1/4] no twin lower bound for this objective or pool (mixed or catalog types)")
+    stages["lower bound"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    say(f"[2/4] placing {len(inst.adapters)} adapters with {method}, verifying in the twin "
+        f"({dur:g} s window)")
+    import twin.fleet
+    twin.fleet.show_progress = not quiet
+    try:
+        p = solve(inst, method, objective=objective,
+                  options=MethodOptions(time_limit_s=time_limit_s), verify=True, workers=workers)
+    finally:
+        twin.fleet.show_progress = False
+    stages["placement and verification"] = time.perf_counter() - t1
+    if p.status == "infeasible" or not p.gpus:
+        raise PlanError(f"no placement: status {p.status}"
+                        + (f"; {p.feasibility.summary()}" if p.feasibility is not None
+                           and not p.feasibility.feasible else "")
+                        + "".join(f"; {n}" for n in p.notes))
+    say(f"      {p.n_gpus} GPU(s), twin verdict {p.verdict} "
+        f"({time.perf_counter() - t1:.1f} s)")
+    t2 = time.perf_counter()
+    say(f"[3/4] report curves: capacity of {p.n_gpus} GPU(s), max_loras curves of "
+        f"{min(CURVE_GPUS, p.n_gpus)} ({CURVE_WINDOW_S:g} s windows)")
+    curves = gpu_curves(inst, p, workers=workers)
+    stages["report curves"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    say(f"[4/4] writing {out}/")
+    opts = deploy_opts if deploy_opts is not None else DeployOptions(
+        allow_rejected=p.verdict == "rejected")
+    out.mkdir(parents=True, exist_ok=True)
+    record = json.loads(p.to_json())
+    record["claim_text"] = claim_text(p, bound)
+    record["twin_lower_bound"] = bound.to_dict() if bound is not None else None
+    files = [out / "placement.json"]
+    files[0].write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    files += write_deployment(p.with_(), out, opts, force=True)
+    write_png(out / "report.png", p, curves, inst.starvation_threshold, bound, CURVE_WINDOW_S)
+    stages["files"] = time.perf_counter() - t3
+    deploy_rel = [str(f.relative_to(out)) for f in files[1:]]
+    (out / "report.md").write_text(report_markdown(inst, p, bound, curves, deploy_rel, stages, out),
+                                   encoding="utf-8")
+    files += [out / "report.png", out / "report.md"]
+    return PlanResult(inst, p, bound, tuple(curves), tuple(files), stages)
+
+
+def _limit_estimate_s(inst: Instance, dur: float) -> float:
+    """Rough wall time of the one-adapter limits still to measure: 8 bisection rounds of 16
+    replays (8 seeds x Amax 1, 2), each about 0.4 s per simulated hour on one core of the
+    2-core reference machine, spread over the cores."""
+    import os
+    types = {(t.profile, inst.lengths.to_dict().__repr__()) for t in inst.gpu_types}
+    per_replay = 0.4 * dur / 3600.0
+    return len(types) * 8 * 16 * per_replay / max(1, os.cpu_count() or 1)
+
+
+def summary_lines(res: PlanResult, out: Path) -> list[str]:
+    """The few lines ``optim plan`` prints on stdout."""
+    p = res.placement
+    lines = [f"plan: {p.n_gpus} GPU(s) for {len(res.instance.adapters)} adapters "
+             f"({res.instance.total_load_tps:,.0f} tok/s), twin verdict {p.verdict}",
+             f"claim: {res.claim}"]
+    for g, plan in enumerate(p.gpus[:8]):
+        tw = plan.verified.throughput_tps if plan.verified else float("nan")
+        lines.append(f"  gpu {g} {plan.gpu_type}: {plan.n_adapters} adapters, --max-loras "
+                     f"{plan.max_loras} --max-lora-rank {plan.max_lora_rank}, offered "
+                     f"{plan.offered_tps:,.0f} tok/s, twin {tw:,.0f} tok/s")
+    if p.n_gpus > 8:
+        lines.append(f"  ... {p.n_gpus - 8} more in {out / 'report.md'}")
+    lines.append(f"files: {out}/ (report.md, report.png, placement.json, servers/, "
+                 "routing.csv, manifests)")
+    return lines
