@@ -418,6 +418,7 @@ def test_bad_cli_input_is_one_error_line(args, needle, peft_dirs, tmp_path, caps
 
 @pytest.mark.parametrize("field,value,needle", [
     ("time_scale", 0.0, "time_scale"), ("time_scale", float("nan"), "time_scale"),
+    ("time_scale", 1e308, "time_scale"), ("vllm_version", "0.7.0", "vllm_version"),
     ("port", 70000, "port"), ("max_cpu_loras", 1, "max_cpu_loras"),
     ("served_model_name", "", "served_model_name")])
 def test_serve_config_refuses_bad_values(field, value, needle):
@@ -453,3 +454,300 @@ def test_cli_prints_the_address_and_stops_on_sigterm(peft_dirs):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+# ------------------------------------------------------------------------------ vLLM releases
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from twin.serve.metrics import VllmRelease  # noqa: E402
+
+# What the Gateway API Inference Extension's endpoint picker scrapes by default, read from
+# github.com/kubernetes-sigs/gateway-api-inference-extension at the release tags:
+# v0.5.1 pkg/epp/server/runserver.go (Default*Metric) and pkg/epp/backend/metrics/metrics.go
+# (LoRA label names); v1.0.0-v1.2.0 pkg/epp/server/runserver.go (v1.1.0 adds cache_config_info,
+# whose labels block_size and num_gpu_blocks pkg/epp/backend/metrics/metrics.go reads);
+# v1.3.0-v1.5.0 pkg/epp/server/options.go (kv_cache_usage_perc replaces gpu_cache_usage_perc,
+# num_requests_running added).
+GIE_V0_5 = ["vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc", "vllm:lora_requests_info"]
+GIE_V1_0_TO_1_2 = GIE_V0_5 + ["vllm:cache_config_info"]
+GIE_V1_3_TO_1_5 = ["vllm:num_requests_waiting", "vllm:num_requests_running",
+                   "vllm:kv_cache_usage_perc", "vllm:lora_requests_info",
+                   "vllm:cache_config_info"]
+LORA_LABELS = {"running_lora_adapters", "waiting_lora_adapters", "max_lora"}
+
+# vLLM's bucket edges (vllm/v1/metrics/loggers.py, PrometheusStatLogger; the same from 0.8 to
+# 0.12 except iteration_tokens_total, whose buckets were the CUDA-graph capture sizes in 0.8.x)
+VLLM_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+VLLM_TPOT = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0]
+VLLM_REQUEST_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+VLLM_ITERATION_TOKENS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+VLLM_CUDAGRAPH_SIZES = [1, 2, 4] + list(range(8, 513, 8))        # V1 default capture sizes
+SECONDS_HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": VLLM_TTFT,
+    "vllm:time_per_output_token_seconds": VLLM_TPOT,
+    "vllm:inter_token_latency_seconds": VLLM_TPOT,
+    "vllm:request_time_per_output_token_seconds": VLLM_TPOT,
+    "vllm:e2e_request_latency_seconds": VLLM_REQUEST_LATENCY,
+    "vllm:request_queue_time_seconds": VLLM_REQUEST_LATENCY,
+    "vllm:request_prefill_time_seconds": VLLM_REQUEST_LATENCY,
+    "vllm:request_decode_time_seconds": VLLM_REQUEST_LATENCY,
+    "vllm:request_inference_time_seconds": VLLM_REQUEST_LATENCY,
+}
+
+
+def _scrape(url: str) -> dict:
+    """Parse /metrics as a gateway does: family name -> family."""
+    status, body = _get(url + "/metrics")
+    assert status == 200
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def _buckets(fam) -> list[float]:
+    return [float(s.labels["le"]) for s in fam.samples
+            if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"]
+
+
+def _hist(fam, suffix: str) -> float:
+    return next(s.value for s in fam.samples if s.name == fam.name + suffix)
+
+
+def _release_server(peft_dirs, version: str) -> ServerThread:
+    return ServerThread(ServeConfig(
+        profile=PROFILE, served_model_name="base", max_loras=2, max_lora_rank=16,
+        lora_modules=(("a8", peft_dirs[8]),), time_scale=20.0, port=0, vllm_version=version,
+        vocab_size=128256))
+
+
+@pytest.mark.parametrize("version,pickers,absent", [
+    ("0.8.5", [GIE_V0_5, GIE_V1_0_TO_1_2], ["vllm:kv_cache_usage_perc",
+                                             "vllm:inter_token_latency_seconds"]),
+    ("0.10.2", [GIE_V0_5, GIE_V1_0_TO_1_2, GIE_V1_3_TO_1_5], []),
+    ("0.12.0", [GIE_V1_3_TO_1_5], ["vllm:gpu_cache_usage_perc",
+                                   "vllm:time_per_output_token_seconds"]),
+])
+def test_gateway_scrape_finds_what_the_endpoint_picker_needs(peft_dirs, version, pickers, absent):
+    """A gateway-style scrape (prometheus_client's parser) finds every metric the picker reads,
+    with the LoRA and cache labels it parses; histograms carry vLLM's bucket edges and their
+    values are the engine's own virtual-clock times."""
+    srv = _release_server(peft_dirs, version)
+    try:
+        timings = []
+        for i in range(3):
+            status, body = _post(srv.url + "/v1/completions", {
+                "model": ("a8", "base")[i % 2], "prompt": list(range(40 + 10 * i)),
+                "max_tokens": 6, "ignore_eos": True})
+            assert status == 200
+            timings.append(json.loads(body)["twin_timing"])
+        fams = _scrape(srv.url)
+    finally:
+        srv.close()
+    for need in pickers:
+        assert set(need) <= set(fams), sorted(set(need) - set(fams))
+    for name in absent:
+        assert name not in fams
+    assert set(fams) == set(VllmRelease.parse(version).metric_names())
+    lora = fams["vllm:lora_requests_info"].samples[0].labels
+    assert set(lora) == LORA_LABELS and lora["max_lora"] == "2"
+    cache = fams["vllm:cache_config_info"].samples[0].labels
+    assert int(cache["block_size"]) * int(cache["num_gpu_blocks"]) == \
+        PROFILE.kv_tokens(2, 16) // PROFILE.block_size * PROFILE.block_size
+    # bucket edges
+    for name, edges in SECONDS_HISTOGRAMS.items():
+        if name in fams:
+            assert _buckets(fams[name]) == edges, name
+    it = VLLM_CUDAGRAPH_SIZES if version == "0.8.5" else VLLM_ITERATION_TOKENS
+    assert _buckets(fams["vllm:iteration_tokens_total"]) == it
+    tok = _buckets(fams["vllm:request_prompt_tokens"])
+    assert tok[:7] == [1, 2, 5, 10, 20, 50, 100] and tok[-1] <= PROFILE.max_model_len < tok[-1] * 2.5
+    # values: three requests, each time from the engine's clock
+    e2e, queue = fams["vllm:e2e_request_latency_seconds"], fams["vllm:request_queue_time_seconds"]
+    prefill = fams["vllm:request_prefill_time_seconds"]
+    decode = fams["vllm:request_decode_time_seconds"]
+    inference = fams["vllm:request_inference_time_seconds"]
+    assert _hist(e2e, "_count") == 3
+    assert _hist(e2e, "_sum") == pytest.approx(sum(t["e2e_s"] for t in timings), abs=1e-9)
+    assert _hist(fams["vllm:time_to_first_token_seconds"], "_sum") == pytest.approx(
+        sum(t["ttft_s"] for t in timings), abs=1e-9)
+    parts = _hist(queue, "_sum") + _hist(prefill, "_sum") + _hist(decode, "_sum")
+    assert parts == pytest.approx(_hist(e2e, "_sum"), abs=1e-9)      # e2e = queue+prefill+decode
+    assert _hist(inference, "_sum") == pytest.approx(
+        _hist(prefill, "_sum") + _hist(decode, "_sum"), abs=1e-9)
+    assert _hist(fams["vllm:request_prompt_tokens"], "_sum") == 40 + 50 + 60
+    assert _hist(fams["vllm:request_generation_tokens"], "_sum") == 18
+    assert _hist(fams["vllm:request_params_max_tokens"], "_sum") == 18
+    assert _hist(fams["vllm:iteration_tokens_total"], "_sum") == 150 + 18   # prompts + tokens
+    assert _hist(fams["vllm:request_params_n"], "_count") == 3
+
+
+def test_version_and_ping_answer(server, peft_dirs):
+    status, body = _get(server.url + "/version")
+    assert status == 200 and json.loads(body) == {"version": "0.8.5"}
+    assert _get(server.url + "/ping")[0] == 200
+    assert _post(server.url + "/ping", {})[0] == 200
+    srv = _release_server(peft_dirs, "0.12.0")
+    try:
+        assert json.loads(_get(srv.url + "/version")[1]) == {"version": "0.12.0"}
+    finally:
+        srv.close()
+
+
+def test_vllm_release_rules():
+    assert VllmRelease.parse("v0.9.2").kv_cache_usage and VllmRelease.parse("0.9.2").gpu_cache_usage
+    assert not VllmRelease.parse("0.9.1").kv_cache_usage
+    assert not VllmRelease.parse("0.11.0").gpu_cache_usage
+    assert VllmRelease.parse("0.10.1.post1").nested_error and \
+        not VllmRelease.parse("0.10.0").nested_error
+    for bad_version in ("0.7.3", "latest", "0.8", "1.2.3.4.5"):
+        if bad_version == "0.8":
+            assert VllmRelease.parse(bad_version).key == (0, 8, 0)
+            continue
+        with pytest.raises(ValueError):
+            VllmRelease.parse(bad_version)
+
+
+# ------------------------------------------------------------------------------ validation
+def _post_raw(url: str, data: bytes) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+CMPL = {"model": "base", "prompt": [1, 2, 3], "max_tokens": 2}
+CHAT = {"model": "base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize("route,extra,field,needle", [
+    ("completions", {"n": 2}, "n", "not supported"),
+    ("completions", {"n": 0}, "n", "at least 1"),
+    ("completions", {"temperature": "0.5"}, "temperature", "valid number"),
+    ("completions", {"temperature": -0.1}, "temperature", "non-negative"),
+    ("completions", {"prompt": [1, 128256]}, "prompt", "Token id 128256 is out of vocabulary"),
+    ("completions", {"prompt": [-1, 5]}, "prompt", "out of vocabulary"),
+    ("completions", {"stream_options": {"include_usage": True}}, "stream_options",
+     "only be defined when `stream=True`"),
+    ("completions", {"logprobs": 1}, "logprobs", "not supported"),
+    ("completions", {"best_of": 2}, "best_of", "not supported"),
+    ("completions", {"echo": True}, "echo", "not supported"),
+    ("completions", {"suffix": "x"}, "suffix", "not supported"),
+    ("completions", {"prompt_logprobs": 1}, "prompt_logprobs", "not supported"),
+    ("completions", {"use_beam_search": True}, "use_beam_search", "not supported"),
+    ("completions", {"response_format": {"type": "json_object"}}, "response_format",
+     "guided decoding"),
+    ("completions", {"guided_regex": "a+"}, "guided_regex", "guided decoding"),
+    ("completions", {"priority": 1}, "priority", "priority scheduling"),
+    ("completions", {"top_p": 0}, "top_p", "(0, 1]"),
+    ("completions", {"presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
+    ("completions", {"seed": 2**64}, "seed", "64-bit"),
+    ("completions", {"stop": 5}, "stop", "string"),
+    ("completions", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats", "not supported"),
+    ("completions", {"max_tokens": 0}, "max_tokens", "at least 1"),
+    ("completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens",
+     "greater than or equal to 1"),
+    ("chat/completions", {"n": 3}, "n", "not supported"),
+    ("chat/completions", {"logprobs": True}, "logprobs", "not supported"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs", "not supported"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
+     "tool calls"),
+    ("chat/completions", {"temperature": "hot"}, "temperature", "valid number"),
+    ("chat/completions", {"continue_final_message": True}, "continue_final_message",
+     "add_generation_prompt"),
+])
+def test_requests_vllm_refuses_get_its_400_naming_the_field(server, route, extra, field, needle):
+    body = {**(CHAT if route.startswith("chat") else CMPL), **extra}
+    status, raw = _post(server.url + f"/v1/{route}", body)
+    d = json.loads(raw)
+    assert status == 400
+    assert set(d) == {"object", "message", "type", "param", "code"}        # vLLM 0.8.5 shape
+    assert d["object"] == "error" and d["type"] == "BadRequestError" and d["code"] == 400
+    assert d["param"] == field and d["message"].startswith(field + ":"), d
+    assert needle in d["message"], d["message"]
+
+
+def test_newer_release_nests_the_error_body(peft_dirs):
+    srv = _release_server(peft_dirs, "0.10.1")
+    try:
+        status, raw = _post(srv.url + "/v1/completions", {**CMPL, "n": 2})
+    finally:
+        srv.close()
+    d = json.loads(raw)
+    assert status == 400 and set(d) == {"error"}
+    assert d["error"] == {"message": d["error"]["message"], "type": "BadRequestError",
+                          "param": "n", "code": 400}
+
+
+def test_unmodelled_fields_are_accepted_by_name_and_honoured_ones_applied(server):
+    body = {**CMPL, "prompt": list(range(37)), "temperature": 0.7, "top_p": 0.9, "seed": 3,
+            "stop": ["\n"], "truncate_prompt_tokens": 10, "ignore_eos": True, "no_such_field": 1,
+            "request_id": "abc"}
+    status, raw, headers = _post_raw(server.url + "/v1/completions", json.dumps(body).encode())
+    d = json.loads(raw)
+    assert status == 200
+    assert d["usage"]["prompt_tokens"] == 10                   # truncate_prompt_tokens honoured
+    assert d["id"] == "cmpl-abc"
+    assert headers["X-Twin-Not-Modelled"].split(",") == ["temperature", "top_p", "seed", "stop"]
+    assert headers["X-Twin-Ignored-Fields"] == "no_such_field"  # vLLM ignores unknown fields
+
+
+@pytest.mark.parametrize("raw", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"model": "base", "prompt": ' + b"[" * 5_000 + b"1" + b"]" * 5_000 + b"}",
+    b'{"model": "base", "prompt": "' + b"[" * 5_000 + b'", "max_tokens": 1, "x": '
+    + b"{\"a\":" * 70 + b"1" + b"}" * 70 + b"}",
+])
+def test_deeply_nested_json_is_a_400_not_a_500(server, raw):
+    status, body, _ = _post_raw(server.url + "/v1/completions", raw)
+    d = json.loads(body)
+    assert status == 400 and d["type"] == "BadRequestError" and "nested" in d["message"]
+    assert _get(server.url + "/health")[0] == 200
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(server):
+    body = {**CMPL, "prompt": "[" * 500 + "{" * 500, "max_tokens": 1, "ignore_eos": True}
+    assert _post(server.url + "/v1/completions", body)[0] == 200
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--time-scale", "1e308"], "--time-scale"),
+    (["--time-scale", "nan"], "--time-scale"),
+    (["--max-num-batched-tokens", "1"], "--max-num-batched-tokens 1: must be >= --max-num-seqs"),
+    (["--max-num-batched-tokens", "4096", "--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--max-num-batched-tokens", "10000000"], "--max-num-batched-tokens"),
+    (["--served-model-name", ""], "--served-model-name"),
+    (["--served-model-name", " base"], "--served-model-name"),
+    (["--vllm-version", "0.7.3"], "--vllm-version"),
+    (["--vllm-version", "latest"], "--vllm-version"),
+])
+def test_bad_start_up_flags_are_one_line_exit_2(args, needle, capsys):
+    assert twin_main(["serve", *args, "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+
+
+def test_unparsable_flag_value_is_one_line_too(capsys):
+    with pytest.raises(SystemExit) as e:
+        twin_main(["serve", "--time-scale", "fast"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--time-scale" in err[0], err
+
+
+def test_bad_flags_exit_2_from_the_command_line():
+    for args in (["--time-scale", "1e308"], ["--max-num-batched-tokens", "1"],
+                 ["--served-model-name", ""]):
+        p = subprocess.run([sys.executable, "-m", "twin", "serve", "--port", "0", *args],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and args[0] in lines[0], (args, p.stderr)
+
+
+def test_help_states_the_ranges():
+    from twin.serve.cli import build_parser
+    text = " ".join(build_parser().format_help().split())
+    assert "in [0.001, 1000]" in text and ">= --max-num-seqs" in text
+    assert "0.8.0 or later" in text and "non-empty" in text

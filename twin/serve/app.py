@@ -76,7 +76,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     vllm_version: str = "0.8.5"
-    vocab_size: int | None = None     # token ids >= this are refused (None: not checked)
+    vocab_size: int | None = None     # token ids >= this are refused (None: the profile
+    # model's vocabulary, twin/data/models.json; unchecked for a model without a config)
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -114,6 +115,16 @@ class ServeConfig:
     @property
     def lora_enabled(self) -> bool:
         return self.max_loras > 0
+
+
+def model_vocab(profile: GpuProfile) -> int | None:
+    """Vocabulary size of the profile's base model (``twin.model_configs``), None if unknown."""
+    from ..model_configs import ModelConfigError, model_config
+
+    try:
+        return model_config(profile.model).vocab_size
+    except (ModelConfigError, OSError, ValueError):
+        return None
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -188,6 +199,7 @@ class TwinServer:
             self.core.register_adapter(mod.adapter_id, self.registry.load_ms(mod), mod.name)
         self.lengths = OutputLengths(cfg.seed)
         self.release = VllmRelease.parse(cfg.vllm_version)
+        self.vocab_size = cfg.vocab_size if cfg.vocab_size is not None else model_vocab(p)
         self.created = int(time.time())
         self.engine: WallClockEngine | None = None
         self.metrics: ServeMetrics | None = None
@@ -363,7 +375,7 @@ class TwinServer:
             body = await _json_body(request)
             notes = check_request(body, chat=False)
             adapter = self._adapter_of(body.get("model"))
-            prompt_len, source = _prompt_tokens(body.get("prompt"), self.cfg.vocab_size)
+            prompt_len, source = _prompt_tokens(body.get("prompt"), self.vocab_size)
             prompt_len = self._truncate(body, prompt_len)
             ticket = self._lengths(body, prompt_len, COMPLETIONS_DEFAULT_MAX_TOKENS, chat=False)
             stream = _stream_flags(body)

@@ -118,7 +118,6 @@ def config_from_args(a: argparse.Namespace):
     from .app import ServeConfig
     from .engine import EngineSettings
 
-    from ..model_configs import ModelConfigError, model_config
     from .metrics import VllmRelease
 
     try:
@@ -131,10 +130,7 @@ def config_from_args(a: argparse.Namespace):
         VllmRelease.parse(version)
     except ValueError as e:
         raise CliError(f"--vllm-version {version}: {e}") from None
-    try:
-        vocab = model_config(profile.model).vocab_size
-    except (ModelConfigError, OSError, ValueError):
-        vocab = None                 # a model without a config: token ids are not checked
+
     if a.lora_modules and not a.enable_lora:
         raise CliError("--lora-modules: LoRA is not enabled; add --enable-lora")
     max_cpu = a.max_cpu_loras if a.max_cpu_loras is not None else a.max_loras
@@ -167,7 +163,7 @@ def config_from_args(a: argparse.Namespace):
                        max_num_seqs=a.max_num_seqs,
                        max_num_batched_tokens=a.max_num_batched_tokens,
                        lora_modules=tuple(modules), time_scale=a.time_scale, seed=a.seed,
-                       host=a.host, port=a.port, vllm_version=version, vocab_size=vocab)
+                       host=a.host, port=a.port, vllm_version=version)
 
 
 def _check_ranges(a: argparse.Namespace, profile) -> None:
