@@ -82,15 +82,15 @@ def parse_pool(text: str) -> PoolEntry:
 
 
 def resolve_gpu(name: str, model: str) -> str:
-    """Catalog id for ``name``: an exact id (any case), else the ids it prefixes, preferring the
-    one with a measured profile of ``model`` (``H100`` -> ``H100-64GB`` for the shipped Llama
+    """Catalog id for ``name``: an exact id (any case), else the ids it prefixes up to a ``-``,
+    preferring the one with a measured profile of ``model`` (``H100`` -> ``H100-64GB`` for the shipped Llama
     and Qwen profiles)."""
     from twin.gpu_catalog import gpu_ids
     ids = gpu_ids()
     low = {i.lower(): i for i in ids}
     if name.lower() in low:
         return low[name.lower()]
-    cands = [i for i in ids if i.lower().startswith(name.lower())]
+    cands = [i for i in ids if i.lower().startswith(name.lower() + "-")]
     if len(cands) > 1:
         measured = [i for i in cands if _measured_profile(i, model) is not None]
         if len(measured) == 1:
@@ -188,10 +188,11 @@ class GpuCurve:
 
 def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
     """The ``max_loras`` values a curve shows: every integer up to 12, then a ladder up to the
-    largest useful one (``min(adapters + 1, top)``) or the chosen one, whichever is larger."""
+    largest useful one (``min(adapters + 1, top)``) or the chosen one, whichever is larger, and
+    the chosen one."""
     hi = max(1, min(n_adapters + 1, top), min(chosen, top))
     pts = set(range(1, min(hi, 12) + 1)) | {a for a in _AMAX_LADDER if a <= hi}
-    return sorted(pts | {hi})
+    return sorted(pts | {hi} | ({min(chosen, top)} if chosen >= 1 else set()))
 
 
 def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0):

@@ -1,0 +1,170 @@
+"""The operator's path: ``optim plan`` from an adapters CSV to a plan folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optim.plan import (PlanError, PoolEntry, amax_points, make_plan, parse_pool, plan_instance,
+                        resolve_gpu)
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "instances" / "examples" / "adapters.csv"
+
+
+def _csv(tmp_path: Path, rows: list[tuple[str, int, float]], name: str = "ads.csv") -> Path:
+    p = tmp_path / name
+    p.write_text("id,rank,rate\n" + "".join(f"{i},{r},{x}\n" for i, r, x in rows))
+    return p
+
+
+def test_parse_pool():
+    assert parse_pool("H100=8@2.49") == PoolEntry("H100", 8, 2.49)
+    assert parse_pool("A100-80GB=3") == PoolEntry("A100-80GB", 3, None)
+    for bad, why in [("H100", "expected TYPE=COUNT"), ("H100=x", "COUNT must be an integer"),
+                     ("H100=0", "COUNT must be in"), ("H100=2@-1", "PRICE must be in"),
+                     ("H100=2@nan", "PRICE must be in"), ("H100=2@cheap", "PRICE must be a")]:
+        with pytest.raises(PlanError, match=why):
+            parse_pool(bad)
+
+
+def test_resolve_gpu_prefers_the_measured_profile():
+    assert resolve_gpu("H100", "llama-3.1-8b-instruct") == "H100-64GB"
+    assert resolve_gpu("h100-80gb", "llama-3.1-8b-instruct") == "H100-80GB"
+    assert resolve_gpu("a100", "llama-3.1-8b-instruct") == "A100-80GB"
+    with pytest.raises(PlanError, match="--gpu 'H'.*not in the catalog"):
+        resolve_gpu("H", "llama-3.1-8b-instruct")
+    with pytest.raises(PlanError, match="--gpu 'B200'"):
+        resolve_gpu("B200", "llama-3.1-8b-instruct")
+
+
+def test_plan_instance_from_csv(tmp_path):
+    p = _csv(tmp_path, [("a", 8, 1.0), ("b", 16, 2.0), ("c", 32, 0.5)])
+    inst = plan_instance(p)
+    assert [a.id for a in inst.adapters] == ["a", "b", "c"]
+    assert inst.gpu_types[0].profile == "llama-3.1-8b-instruct"   # measured profile, not derived
+    assert not inst.uses_configurations
+    assert 1 <= inst.total_gpus_available <= 3                      # at most one GPU per adapter
+    pooled = plan_instance(p, pool=[PoolEntry("H100", 4, 2.5), PoolEntry("A100", 2, 1.3)],
+                           objective="cost")
+    assert [(t.count, t.price_per_hour) for t in pooled.gpu_types] == [(4, 2.5), (2, 1.3)]
+    with pytest.raises(PlanError, match="given twice"):
+        plan_instance(p, pool=[PoolEntry("H100", 1), PoolEntry("H100-64GB", 1)])
+    with pytest.raises(PlanError, match="no such file"):
+        plan_instance(tmp_path / "missing.csv")
+    with pytest.raises(PlanError, match="--model 'gpt-9'"):
+        plan_instance(p, model="gpt-9")
+    bad = _csv(tmp_path, [("a", 8, -1.0)], "bad.csv")
+    with pytest.raises(PlanError, match="bad.csv.*rate"):
+        plan_instance(bad)
+
+
+def test_amax_points():
+    assert amax_points(5, 128, 4) == [1, 2, 3, 4, 5, 6]
+    pts = amax_points(300, 192, 40)
+    assert pts[:12] == list(range(1, 13)) and pts[-1] == 192 and 40 in pts
+    assert amax_points(20, 128, 32)[-1] == 32                 # the chosen value is always drawn
+    assert all(a <= 8 for a in amax_points(100, 8, 8))
+
+
+@pytest.fixture
+def small_plan(tmp_path_factory):
+    """A plan of four light adapters on a 300 s window (its limits measured in a fresh cache)."""
+    tmp = tmp_path_factory.mktemp("plan")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LORA_PLACEMENT_CACHE", str(tmp / "cache"))
+    try:
+        csv = _csv(tmp, [("a", 8, 2.0), ("b", 16, 1.0), ("c", 8, 0.5), ("d", 32, 0.25)])
+        inst = plan_instance(csv, duration_s=300.0)
+        res = make_plan(inst, tmp / "out", workers=2, quiet=True)
+    finally:
+        mp.undo()
+    return inst, res, tmp / "out"
+
+
+def test_plan_folder_holds_every_file(small_plan):
+    inst, res, out = small_plan
+    p = res.placement
+    assert p.verdict == "accepted" and p.n_gpus == 1
+    for f in ("placement.json", "report.md", "report.png", "routing.csv", "routing.json",
+              "deployment.json", "servers/gpu-0.sh", "servers/gpu-0.json"):
+        assert (out / f).is_file(), f
+    rec = json.loads((out / "placement.json").read_text())
+    assert rec["twin_lower_bound"]["best"] == 1
+    assert rec["claim_text"].startswith("optimal in the twin")
+    md = (out / "report.md").read_text()
+    assert "optimal in the twin" in md and "report.png" in md and "vllm serve" in md
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    c = res.curves[0]
+    assert p.gpus[0].max_loras in c.amaxes and len(c.amaxes) == len(c.served_share)
+    assert c.capacity_tps > p.gpus[0].offered_tps          # a light GPU has headroom
+
+
+def test_routing_table_replayed_in_the_fleet_twin_gives_the_plans_verdict(small_plan):
+    """The plan folder alone (routing.json + each server's flags) rebuilds the fleet the twin
+    verified: the same per-GPU throughput and the same verdict."""
+    from twin.fleet import GpuAssignment, simulate_fleet
+    from twin.server import ServerConfig
+    from twin.workload import Adapter
+    inst, res, out = small_plan
+    routing = json.loads((out / "routing.json").read_text())
+    per_gpu: dict[int, list] = {}
+    for row in routing["adapters"]:
+        for h in row["homes"]:
+            per_gpu.setdefault(h["gpu"], []).append(
+                (Adapter(row["adapter"], row["rank"], row["rate"]), h["share"]))
+    jobs = []
+    for g in sorted(per_gpu):
+        srv = json.loads((out / "servers" / f"gpu-{g}.json").read_text())
+        argv = srv["argv"]
+        flag = {k: int(argv[argv.index(k) + 1]) for k in ("--max-loras", "--max-lora-rank")}
+        jobs.append(GpuAssignment(srv["profile"], ServerConfig(
+            max_loras=flag["--max-loras"], max_lora_rank=flag["--max-lora-rank"],
+            starvation_threshold=inst.starvation_threshold),
+            tuple(sorted(per_gpu[g], key=lambda x: x[0].id))))
+    rec = json.loads((out / "placement.json").read_text())
+    fleet = simulate_fleet(jobs, duration_s=rec["verify_duration_s"], lengths=inst.lengths,
+                           seed=inst.seed, workers=1)
+    assert ("accepted" if fleet.feasible else "rejected") == rec["verdict"]
+    for m, g in zip(fleet.per_gpu, rec["gpus"]):
+        assert m.throughput_tps == pytest.approx(g["verified"]["throughput_tps"], rel=1e-9)
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "optim", "plan", *args], capture_output=True,
+                          text=True, cwd=cwd or REPO, timeout=300)
+
+
+def test_cli_refuses_bad_input_in_one_line(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    cases = [
+        ([str(EXAMPLE), "--pool", "H100=zero", "--out", str(tmp_path / "o1")],
+         "error: --pool 'H100=zero': COUNT must be an integer"),
+        ([str(EXAMPLE), "--gpu", "TPU", "--out", str(tmp_path / "o2")], "error: --gpu 'TPU'"),
+        ([str(EXAMPLE), "--out", str(full)], "folder exists and is not empty"),
+        ([str(tmp_path / "none.csv"), "--out", str(tmp_path / "o3")], "no such file"),
+        ([str(EXAMPLE), "--method", "random", "--out", str(tmp_path / "o4")],
+         "plan needs a method that sizes the fleet"),
+    ]
+    for args, msg in cases:
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.stderr
+    assert (full / "keep.txt").read_text() == "mine"          # nothing the user had is touched
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+def test_console_script_dispatches(capsys):
+    from optim.console import main
+    assert main(["methods"]) == 0
+    assert "greedy" in capsys.readouterr().out
+    assert main(["no-such-command"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+    assert main([]) == 2
