@@ -22,19 +22,43 @@ from twin.limits import MAX_DURATION_S
 CLI_SWITCH_SCHEDULES = ("auto", "staggered", "parallel", "abrupt")
 
 
+# optim.deploy.TARGETS and TARGET_ALIASES, spelled out for --help without importing optim.deploy
+# at start-up (tests/test_deploy.py checks they agree)
+CLI_DEPLOY_TARGETS = ("vllm-measured", "vllm-0.8.5", "vllm-0.33", "vllm-current", "gie-v1",
+                      "gie-v1alpha2", "aibrix", "kserve", "llm-d")
+CLI_DEPLOY_DEFAULT_TARGETS = ("vllm-measured", "gie-v1", "aibrix", "kserve", "llm-d")
+
+
+def deploy_targets(values: list[str] | None) -> tuple[str, ...]:
+    """``--target`` values (repeatable, each a comma list) as names; the defaults when none."""
+    if not values:
+        return CLI_DEPLOY_DEFAULT_TARGETS
+    names = [t.strip() for v in values for t in v.split(",")]
+    for t in names:
+        if not t:
+            raise CliError("--target: empty target name (give e.g. --target vllm-0.33,gie-v1)")
+        if t not in CLI_DEPLOY_TARGETS:
+            raise CliError(f"--target: unknown target {t!r} (known: "
+                           f"{', '.join(CLI_DEPLOY_TARGETS)})")
+    return tuple(names)
+
+
 def cmd_deploy(a: argparse.Namespace) -> int:
-    from .deploy import DeployError, DeployOptions, Layout, load_plan, write_deployment
+    from .deploy import (DeployError, DeployOptions, Layout, check_plan, load_plan,
+                         write_deployment)
+    targets = deploy_targets(a.target)
     try:
         plan = load_plan(a.plan)
+        check_plan(plan, str(a.plan))
         opts = DeployOptions(adapter_dir=a.adapter_dir, namespace=a.namespace,
                              model_id=a.model_id, layout=Layout(a.base_port, a.gpus_per_host),
-                             allow_rejected=a.allow_rejected)
+                             allow_rejected=a.allow_rejected, targets=targets)
         files = write_deployment(plan, a.out, opts, force=a.force)
     except DeployError as e:
         raise CliError(str(e)) from None
     verdict = plan.verdict or "unverified"
     print(f"wrote {len(files)} files to {a.out} for {plan.n_gpus} server(s) of plan "
-          f"'{plan.instance}' (twin_verdict={verdict})")
+          f"'{plan.instance}' (twin_verdict={verdict}; targets {', '.join(targets)})")
     return 0
 
 
@@ -98,14 +122,27 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     fmt = HelpFormatter
     d = sub.add_parser("deploy", help="write deployment files for a plan", formatter_class=fmt,
                        epilog=EXIT_CODES_EPILOG,
-                       description="From one plan (`optim solve --json`): per server a vLLM "
-                                   "command (shell script + args JSON) reproducing the "
-                                   "profile's calibrated settings, a routing table (JSON + CSV), "
-                                   "AIBrix ModelAdapter and Gateway API Inference Extension "
-                                   "manifests (JSON, valid YAML). Refused for a plan the twin "
+                       description="From one plan (`optim solve --json`), checked first as the "
+                                   "solver's output is (shares sum to 1 per adapter, max_loras "
+                                   ">= 1, ranks vLLM accepts, max_cpu_loras >= adapters): per "
+                                   "server a vLLM command (shell script + args JSON) reproducing "
+                                   "the profile's calibrated settings, a routing table (JSON + "
+                                   "CSV), and control-plane manifests (JSON, valid YAML) for the "
+                                   "chosen --target release lines. Refused for a plan the twin "
                                    "rejected unless --allow-rejected.")
     d.add_argument("plan", help="plan JSON written by `optim solve --json` or `optim replan`")
     d.add_argument("--out", required=True, help="output directory")
+    d.add_argument("--target", action="append", default=None, metavar="TARGET[,TARGET...]",
+                   help="release lines to write (repeatable or a comma list; default "
+                        f"{','.join(CLI_DEPLOY_DEFAULT_TARGETS)}): vllm-measured = the vLLM "
+                        "release the profiles were measured on (vllm-0.8.5 for the shipped "
+                        "ones, in servers/); vllm-0.8.5; vllm-0.33 = vllm-current, the current "
+                        "vLLM line, not measured (servers/vllm-0.33.0/); gie-v1 = Gateway API "
+                        "Inference Extension v1 InferencePool + InferenceObjective + "
+                        "InferenceModelRewrite (gateway/); gie-v1alpha2 = GIE v0.3-v0.5 "
+                        "InferencePool + InferenceModel (gateway-v1alpha2/); aibrix = AIBrix "
+                        "ModelAdapter v1alpha1; kserve = KServe LLMInferenceService v1alpha2; "
+                        "llm-d = llm-d endpoint picker config with LoRA affinity")
     d.add_argument("--force", action="store_true", help="overwrite files already in --out")
     d.add_argument("--model-id", default=None,
                    help="model id vLLM loads (default: the profile's serving.model_id)")

@@ -1,47 +1,77 @@
 """Deployment files from one plan: vLLM commands per server, a routing table, control-plane
-manifests.
+manifests, for named release lines (*targets*).
 
 A plan (``optim solve --json``) says which adapters each GPU serves, with routing shares, and
-which Amax / max rank it runs. To deploy it, every GPU becomes one vLLM 0.8.5 server started
-with the *served model id* and the server settings its profile was calibrated with (the
-profile's ``serving`` mapping plus its simulated fields ``max_num_batched_tokens``,
-``max_num_seqs``, ``max_model_len``), so the real server runs what the twin simulated:
+which Amax / max rank it runs. Before anything is built or written the plan is checked as the
+solver's own output is (``check_plan``): at least one GPU; per GPU ``max_loras`` >= 1,
+``max_lora_rank`` one of the ranks vLLM accepts, every adapter's rank at most that, no adapter
+twice, shares in (0, 1], ``max_cpu_loras`` (when the plan gives one) at least the GPU's adapters
+and ``max_loras``; per adapter the shares of its homes sum to 1 (within 1e-6). A plan the twin
+rejected is refused unless ``allow_rejected``. Errors name the plan, the GPU or adapter, the
+field and the reason, and no file is written.
 
-``VLLM_USE_V1=1 CUDA_VISIBLE_DEVICES=<d> vllm serve <model id> --port <p>
---gpu-memory-utilization 0.9 --max-num-batched-tokens 2048 --max-num-seqs 2048
---max-model-len 131072 --dtype auto --enable-chunked-prefill --no-enable-prefix-caching
---enable-lora --max-loras A --max-cpu-loras C --max-lora-rank R --lora-modules name=dir/id ...``
+Targets (``TARGETS``; ``DeployOptions.targets``, ``optim deploy --target``). Defaults
+(``DEFAULT_TARGETS``): the vLLM release the profiles were measured on plus every current
+control plane.
 
-(flag names of vLLM's ``vllm/engine/arg_utils.py``, checked against a copy from before 0.8 and
-vLLM's own test of ``--no-enable-prefix-caching``, not against the 0.8.5 tag). A profile without
-``serving`` (a derived one, whose ``serving`` would be its source's) falls back: the model id
-is ``--model-id`` or, said as *assumed*, the model catalog's Hugging Face repository of the
-profile's model; the settings are what the twin models (chunked prefill on, prefix caching
-off) and vLLM's default memory fraction 0.9, marked assumed.
+- ``vllm-measured``: the release named by the profile's ``serving.vllm_version`` (``vllm-0.8.5``
+  for the shipped profiles; 0.8.5, said as assumed, for a profile that names none). Every GPU
+  becomes one ``vllm serve`` started with the *served model id* and the settings its profile was
+  calibrated with (``serving`` plus the simulated ``max_num_batched_tokens``, ``max_num_seqs``,
+  ``max_model_len``), so the real server runs what the twin simulated::
+
+    VLLM_USE_V1=1 CUDA_VISIBLE_DEVICES=<d> vllm serve <model id> --port <p>
+    --gpu-memory-utilization 0.9 --max-num-batched-tokens 2048 --max-num-seqs 2048
+    --max-model-len 131072 --dtype auto --enable-chunked-prefill --no-enable-prefix-caching
+    --enable-lora --max-loras A --max-cpu-loras C --max-lora-rank R --lora-modules name=dir/id ...
+
+  Files ``servers/gpu-<i>.sh`` / ``.json``.
+- ``vllm-0.33`` (alias ``vllm-current``): the same server for the current vLLM line (0.33.0):
+  no ``VLLM_USE_V1`` (V1 is vLLM's only engine there), ``--lora-modules`` in its JSON form
+  ``{"name": .., "path": .., "base_model_name": <model id>}``; the other flags keep their names
+  (``--max-cpu-loras``, ``--enable-chunked-prefill``, ``--no-enable-prefix-caching``; flags the
+  plan does not use were removed since 0.8.5: ``--enable-lora-bias``,
+  ``--long-lora-scaling-factors``, ``--lora-extra-vocab-size``). Every such command says that the
+  twin's figures hold for the measured release. Files ``servers/vllm-0.33.0/gpu-<i>.sh`` /
+  ``.json`` (a release other than the measured one always goes under ``servers/vllm-<v>/``).
+  Flag lists of both releases: ``tests/data/vllm_args/<version>.txt``.
+- ``gie-v1``: Gateway API Inference Extension v1 — ``gateway/inferencepool.json``
+  (``InferencePool`` ``inference.networking.k8s.io/v1``, release v1.6.0: ``selector.matchLabels``,
+  ``targetPorts`` — the plan's ports, at most 8 —, ``endpointPickerRef``),
+  ``gateway/inferenceobjectives.json`` (one ``InferenceObjective``
+  ``inference.networking.x-k8s.io/v1alpha2`` per adapter, priority 0; the per-model object since
+  ``InferenceModel`` was dropped; its CRD left GIE in v1.6.0 for the llm-d inference scheduler)
+  and ``gateway/inferencemodelrewrites.json`` (one ``InferenceModelRewrite`` per split adapter:
+  requests for ``<id>`` go to its homes' served names with their weights; not written when no
+  adapter is split).
+- ``gie-v1alpha2``: the earlier API (releases v0.3-v0.5): ``gateway-v1alpha2/inferencepool.json``
+  and ``gateway-v1alpha2/inferencemodels.json`` (``InferenceModel`` with ``targetModels``).
+- ``aibrix``: ``aibrix/modeladapters.json``, AIBrix ``ModelAdapter`` (``model.aibrix.ai/v1alpha1``,
+  unchanged to v0.7.0), one per adapter home, ``replicas: 1`` (the CRD accepts only 1 or unset),
+  pod selector on the home's server label.
+- ``kserve``: ``kserve/llminferenceservices.json``, one KServe ``LLMInferenceService``
+  (``serving.kserve.io/v1alpha2``, v0.20.0) per GPU: ``model.lora`` lists the GPU's adapters
+  (served name, ``<adapter-dir>/<id>``) with ``maxAdapters`` / ``maxCpuAdapters`` / ``maxRank``,
+  and the calibrated settings go to the ``main`` container's ``VLLM_ADDITIONAL_ARGS`` (KServe runs
+  the current vLLM line).
+- ``llm-d``: ``llm-d/epp-config.json``, a ``ConfigMap`` holding the llm-d endpoint picker's
+  ``EndpointPickerConfig`` (``llm-d.ai/v1alpha1``) with the ``lora-affinity-scorer`` (prefers a
+  server whose running adapters include the requested one), queue and KV-cache scorers; no
+  prefix-cache scorer (the servers run with prefix caching off).
 
 Served names. An adapter with one home is served under its id. An adapter split over several
 GPUs is served on home ``g`` under ``<id>--gpu<g>``, one name per home, so a gateway can split
-its traffic by weight over the homes (Gateway API Inference Extension ``targetModels``); each
-name takes one LoRA slot on its own server only, as in the twin.
+its traffic by weight over the homes; each name takes one LoRA slot on its own server only, as
+in the twin. ``routing.json`` / ``routing.csv`` (always written): adapter -> homes (GPU,
+server, host, port, served name, share, integer weight); ``deployment.json``: summary (plan,
+verdict, model ids and their source, measured release, targets and their releases, layout,
+files). Every file records the twin's verdict.
 
-Files (``write_deployment``), every one recording the twin's verdict:
-
-- ``deployment.json``: summary (plan, verdict, model ids and their source, layout, files);
-- ``servers/gpu-<i>.sh`` and ``servers/gpu-<i>.json``: the command (shell script) and its
-  environment, arguments and pod labels;
-- ``routing.json`` / ``routing.csv``: adapter -> homes (GPU, server, host, port, served name,
-  share, integer weight); shares sum to 1 per adapter;
-- ``aibrix/modeladapters.json``: AIBrix ``ModelAdapter`` objects (``model.aibrix.ai/v1alpha1``;
-  one per adapter home, ``replicas: 1`` — the CRD accepts only 1 or unset — with a pod
-  selector on the home's server label);
-- ``gateway/inferencepool.json`` and ``gateway/inferencemodels.json``: Gateway API Inference
-  Extension ``InferencePool`` (selector on the plan's pool label) and one ``InferenceModel`` per
-  adapter whose ``targetModels`` carry the homes' served names and weights
-  (``inference.networking.x-k8s.io/v1alpha2``, the API of releases v0.3-v0.5).
-
-Manifests are JSON documents (valid YAML; ``kubectl apply -f`` reads them as ``v1`` ``List``
-objects), so no YAML library is needed. The servers' pods must carry the labels listed in each
-``servers/gpu-<i>.json`` (``pod_labels``) for the selectors to match.
+Manifests are JSON documents (valid YAML; ``kubectl apply -f`` reads ``v1`` ``List`` objects),
+so no YAML library is needed. The servers' pods must carry the labels listed in each
+``servers/gpu-<i>.json`` (``pod_labels``) for the selectors to match. A file that cannot be
+written (read-only directory, full disk) is named in the error, and the files this call had
+created are removed.
 """
 
 from __future__ import annotations
@@ -50,6 +80,8 @@ import csv
 import hashlib
 import io
 import json
+import math
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -58,7 +90,8 @@ from typing import Any, Sequence
 
 from .placement import GpuPlan, Placement
 
-VLLM_VERSION = "0.8.5"
+VLLM_VERSION = "0.8.5"          # the release the shipped profiles were measured on (default)
+VLLM_CURRENT = "0.33.0"         # the current vLLM release line (0.33) when this was written
 DEFAULT_BASE_PORT = 8000
 DEFAULT_GPUS_PER_HOST = 8
 DEFAULT_NAMESPACE = "default"
@@ -67,19 +100,150 @@ LABEL_SERVER = "lora-placement/server"
 LABEL_POOL = "lora-placement/pool"
 ANNOTATION_VERDICT = "lora-placement/twin-verdict"
 WEIGHT_SCALE = 1000        # integer routing weight = share x this (GIE: weight in 1..1e6)
+SHARE_TOL = 1e-6           # optim.placement.shares_consistent's tolerance
 AIBRIX_API = "model.aibrix.ai/v1alpha1"
-GIE_API = "inference.networking.x-k8s.io/v1alpha2"
+GIE_API = "inference.networking.x-k8s.io/v1alpha2"      # v1alpha2 pool/model, v0.3-v0.5
+GIE_V1_API = "inference.networking.k8s.io/v1"           # InferencePool of GIE v1
+GIE_V1_GROUP = "inference.networking.k8s.io"
+GIE_X_API = "inference.networking.x-k8s.io/v1alpha2"    # InferenceObjective / ModelRewrite
+GIE_V1_MAX_PORTS = 8                                    # InferencePool.spec.targetPorts maxItems
+KSERVE_API = "serving.kserve.io/v1alpha2"
+LLMD_API = "llm-d.ai/v1alpha1"
 
 
 class DeployError(ValueError):
     """A plan or option that cannot be deployed; the message names the field or option."""
 
 
+# ----------------------------------------------------------------------------- releases
+@dataclass(frozen=True)
+class VllmRelease:
+    """What a vLLM release needs in a command: whether ``VLLM_USE_V1`` selects the engine,
+    whether ``--lora-modules`` takes the JSON form with ``base_model_name``, and the ranks its
+    ``LoRAConfig`` accepts for ``--max-lora-rank``."""
+
+    version: str
+    engine_env: bool
+    lora_modules_json: bool
+    ranks: tuple[int, ...]
+    changes: tuple[str, ...] = ()
+
+
+VLLM_RELEASES = {
+    "0.8.5": VllmRelease("0.8.5", True, False, (8, 16, 32, 64, 128, 256, 320, 512)),
+    "0.33.0": VllmRelease("0.33.0", False, True, (1, 8, 16, 32, 64, 128, 256, 320, 512), (
+        "VLLM_USE_V1 is gone: V1 is vLLM's only engine",
+        "--lora-modules in its JSON form with base_model_name",
+        "--enable-lora-bias, --long-lora-scaling-factors, --lora-extra-vocab-size were removed "
+        "(not used here)",
+        "--max-cpu-loras, --max-loras, --max-lora-rank, --enable-chunked-prefill and "
+        "--no-enable-prefix-caching keep their names; chunked prefill and prefix caching are "
+        "on by default, so both are written explicitly")),
+}
+# ranks every release above accepts: a plan is checked against these
+VLLM_RANKS = tuple(sorted(set.intersection(*(set(r.ranks) for r in VLLM_RELEASES.values()))))
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ``--target``: what it writes and for which release (with the source it was read
+    from)."""
+
+    name: str
+    kind: str
+    release: str
+    api_versions: tuple[str, ...]
+    source: str
+    help: str
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("vllm-0.8.5", "vllm", "vLLM 0.8.5", (), "vLLM 0.8.5 wheel: vllm/engine/arg_utils.py, "
+           "vllm/entrypoints/openai/cli_args.py",
+           "vLLM 0.8.5 commands (the release the shipped profiles were measured on)"),
+    Target("vllm-0.33", "vllm", "vLLM 0.33.0", (), "vLLM 0.33.0 wheel: vllm/engine/arg_utils.py, "
+           "vllm/config/lora.py, vllm/entrypoints/common/cli_args.py",
+           "vLLM 0.33 commands (current line; the twin's figures hold for the measured one)"),
+    Target("gie-v1", "gateway", "Gateway API Inference Extension v1 (v1.6.0)",
+           (GIE_V1_API, GIE_X_API),
+           "gateway-api-inference-extension v1.6.0 config/crd/bases (InferencePool v1); "
+           "v1.5.0 and llm-d-inference-scheduler (InferenceObjective, InferenceModelRewrite)",
+           "InferencePool v1 + InferenceObjective + InferenceModelRewrite"),
+    Target("gie-v1alpha2", "gateway", "Gateway API Inference Extension v0.3-v0.5", (GIE_API,),
+           "gateway-api-inference-extension v0.5.1 config/crd/bases",
+           "InferencePool + InferenceModel v1alpha2 (GIE v0.3-v0.5)"),
+    Target("aibrix", "aibrix", "AIBrix v0.7.0", (AIBRIX_API,),
+           "aibrix v0.7.0 config/crd/model/model.aibrix.ai_modeladapters.yaml",
+           "AIBrix ModelAdapter v1alpha1"),
+    Target("kserve", "kserve", "KServe v0.20.0", (KSERVE_API,),
+           "kserve v0.20.0 config/crd/full/llmisvc/serving.kserve.io_llminferenceservices.yaml",
+           "KServe LLMInferenceService v1alpha2, one per GPU"),
+    Target("llm-d", "llm-d", "llm-d inference scheduler (EndpointPickerConfig llm-d.ai/v1alpha1)",
+           (LLMD_API,), "llm-d-inference-scheduler apix/config/v1alpha1, "
+           "pkg/epp/framework/plugins/scheduling/scorer/loraaffinity",
+           "llm-d endpoint picker config with LoRA affinity (ConfigMap)"),
+)}
+TARGET_ALIASES = {"vllm-measured": None,          # resolved per plan: the profiles' release
+                  "vllm-current": "vllm-0.33"}
+DEFAULT_TARGETS = ("vllm-measured", "gie-v1", "aibrix", "kserve", "llm-d")
+
+
+def target_help() -> str:
+    """One line per target name (for ``--help``)."""
+    lines = [f"vllm-measured: the vLLM release the plan's profiles were measured on "
+             f"(vllm-{VLLM_VERSION} for the shipped ones)",
+             *(f"{t.name}: {t.help}" for t in TARGETS.values()),
+             "vllm-current: same as vllm-0.33"]
+    return "; ".join(lines)
+
+
+def resolve_targets(names: Sequence[str], measured: str | None = None) -> tuple[str, ...]:
+    """Canonical target names of ``names`` (aliases resolved, duplicates dropped, order kept);
+    ``measured`` is the vLLM version ``vllm-measured`` stands for (None: not resolved)."""
+    out: list[str] = []
+    if not names:
+        raise DeployError("--target: no target given")
+    for n in names:
+        n = str(n).strip()
+        if n in TARGET_ALIASES:
+            if n == "vllm-measured":
+                if measured is None:
+                    canon = n
+                else:
+                    canon = vllm_target_name(measured)
+            else:
+                canon = TARGET_ALIASES[n]
+        elif n in TARGETS:
+            canon = n
+        else:
+            known = ", ".join([*TARGETS, *TARGET_ALIASES])
+            raise DeployError(f"--target: unknown target {n!r} (known: {known})")
+        if canon not in out:
+            out.append(canon)
+    return tuple(out)
+
+
+def vllm_target_name(version: str) -> str:
+    for t in TARGETS.values():
+        if t.kind == "vllm" and VLLM_RELEASES[_target_version(t.name)].version == version:
+            return t.name
+    raise DeployError(f"vLLM {version}: no commands are written for that release (known: "
+                      f"{', '.join(VLLM_RELEASES)}); choose --target "
+                      f"{' or '.join(t for t in TARGETS if t.startswith('vllm-'))}")
+
+
+def _target_version(name: str) -> str:
+    v = name.removeprefix("vllm-")
+    return next(k for k in VLLM_RELEASES if k == v or k.rsplit(".", 1)[0] == v)
+
+
 # ----------------------------------------------------------------------------- served model
 @dataclass(frozen=True)
 class ServedModel:
     """The model id vLLM loads and the server settings for one profile, with where they come
-    from (``source``: ``profile``, ``--model-id`` or ``assumed``)."""
+    from (``source``: ``profile``, ``--model-id`` or ``assumed``); ``env`` is the measured
+    release's environment, ``vllm_version`` that release (``vllm_version_source`` says
+    whether the profile names it)."""
 
     profile: str
     model_id: str
@@ -87,6 +251,9 @@ class ServedModel:
     settings_source: str
     env: tuple[tuple[str, str], ...]
     flags: tuple[str, ...]
+    engine: str = "v1"
+    vllm_version: str = VLLM_VERSION
+    vllm_version_source: str = "profile"
 
 
 def served_model(profile_name: str, model_id: str | None = None) -> ServedModel:
@@ -126,7 +293,10 @@ def served_model(profile_name: str, model_id: str | None = None) -> ServedModel:
              "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching"]
     engine = str(serving.get("engine", "v1")).lower()
     env = (("VLLM_USE_V1", "1" if engine == "v1" else "0"),)
-    return ServedModel(prof.name, mid, mid_src, settings_src, env, tuple(flags))
+    version = serving.get("vllm_version")
+    vsrc = "profile" if version else f"assumed ({VLLM_VERSION}: the profile names no vllm_version)"
+    return ServedModel(prof.name, mid, mid_src, settings_src, env, tuple(flags), engine,
+                       str(version or VLLM_VERSION), vsrc)
 
 
 def _catalog_model_id(model: str) -> str | None:
@@ -138,12 +308,28 @@ def _catalog_model_id(model: str) -> str | None:
     return cfg.hf_repo if cfg is not None and cfg.hf_repo else None
 
 
-def lora_flags(g: GpuPlan, names: Sequence[str], adapter_dir: str) -> list[str]:
-    """``--enable-lora ... --lora-modules name=<adapter_dir>/<id> ...`` of one GPU."""
+def max_cpu_loras(g: GpuPlan, given: int | None = None) -> int:
+    """``--max-cpu-loras`` of one GPU: the plan's value when it gives one, else every adapter of
+    the GPU (and at least ``max_loras``, vLLM's rule)."""
+    return int(given) if given is not None else max(g.n_adapters, g.max_loras)
+
+
+def lora_flags(g: GpuPlan, names: Sequence[str], adapter_dir: str,
+               release: str = VLLM_VERSION, base_model: str | None = None,
+               cpu_loras: int | None = None) -> list[str]:
+    """``--enable-lora ... --lora-modules ...`` of one GPU for vLLM ``release``: ``name=dir/id``
+    items for 0.8.5, JSON items ``{"name", "path", "base_model_name"}`` for the current line."""
+    rel = VLLM_RELEASES[release]
+    if rel.lora_modules_json:
+        mods = [json.dumps({"name": n, "path": f"{adapter_dir}/{a.id}",
+                            **({"base_model_name": base_model} if base_model else {})},
+                           separators=(",", ":"))
+                for n, (a, _) in zip(names, g.adapters)]
+    else:
+        mods = [f"{n}={adapter_dir}/{a.id}" for n, (a, _) in zip(names, g.adapters)]
     return ["--enable-lora", "--max-loras", str(g.max_loras),
-            "--max-cpu-loras", str(max(g.n_adapters, g.max_loras)),
-            "--max-lora-rank", str(g.max_lora_rank), "--lora-modules",
-            *[f"{n}={adapter_dir}/{a.id}" for n, (a, _) in zip(names, g.adapters)]]
+            "--max-cpu-loras", str(max_cpu_loras(g, cpu_loras)),
+            "--max-lora-rank", str(g.max_lora_rank), "--lora-modules", *mods]
 
 
 # ----------------------------------------------------------------------------- layout
@@ -179,10 +365,77 @@ def served_names(p: Placement) -> list[list[str]]:
             for i, g in enumerate(p.gpus)]
 
 
+# ----------------------------------------------------------------------------- plan checks
+def _int_like(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) \
+        and float(v).is_integer()
+
+
+def check_plan(p: Placement, source: str = "plan",
+               cpu_loras: Sequence[int | None] | None = None) -> None:
+    """Refuse a plan vLLM or the router cannot run, as the solver's own output is checked:
+    GPU count >= 1; per GPU ``max_loras`` >= 1, ``max_lora_rank`` among the ranks vLLM
+    accepts, adapters present, each once, with a rank <= ``max_lora_rank`` and a share in
+    (0, 1], ``max_cpu_loras`` (when given) >= the GPU's adapters and >= ``max_loras``; per
+    adapter, shares summing to 1. Messages: ``<source>: gpu <i>: <field> <value>: <reason>``."""
+    if not p.gpus:
+        raise DeployError(f"{source}: no GPUs to deploy (status {p.status}); a plan needs at "
+                          "least one GPU")
+    if cpu_loras is None:
+        cpu_loras = _plan_cpu_loras(p)
+    totals: dict[str, list[tuple[int, float]]] = {}
+    for i, g in enumerate(p.gpus):
+        at = f"{source}: gpu {i}"
+        if not _int_like(g.max_loras) or g.max_loras < 1:
+            raise DeployError(f"{at}: max_loras {g.max_loras}: must be an integer of at least 1 "
+                              "(vLLM's --max-loras, the adapters one batch may hold)")
+        if g.max_lora_rank not in VLLM_RANKS:
+            raise DeployError(f"{at}: max_lora_rank {g.max_lora_rank}: not a rank vLLM accepts "
+                              f"for --max-lora-rank {VLLM_RANKS}")
+        if not g.adapters:
+            raise DeployError(f"{at}: adapters: empty; a server needs at least one adapter")
+        seen: set[str] = set()
+        for a, s in g.adapters:
+            if a.id in seen:
+                raise DeployError(f"{at}: adapter '{a.id}': listed twice on this GPU")
+            seen.add(a.id)
+            if a.rank > g.max_lora_rank:
+                raise DeployError(f"{at}: adapter '{a.id}' rank {a.rank}: above the GPU's "
+                                  f"max_lora_rank {g.max_lora_rank} (vLLM cannot load it)")
+            if not (isinstance(s, (int, float)) and 0 < s <= 1 + SHARE_TOL):
+                raise DeployError(f"{at}: adapter '{a.id}' share {s}: must be in (0, 1]")
+            totals.setdefault(a.id, []).append((i, float(s)))
+        given = cpu_loras[i] if i < len(cpu_loras) else None
+        if given is not None:
+            if not _int_like(given) or given < g.n_adapters:
+                raise DeployError(f"{at}: max_cpu_loras {given}: below the {g.n_adapters} "
+                                  "adapter(s) served on this GPU (vLLM keeps each in CPU memory)")
+            if given < g.max_loras:
+                raise DeployError(f"{at}: max_cpu_loras {given}: below max_loras {g.max_loras} "
+                                  "(vLLM requires max_cpu_loras >= max_loras)")
+    for aid in sorted(totals):
+        homes = totals[aid]
+        total = sum(s for _, s in homes)
+        if abs(total - 1.0) > SHARE_TOL:
+            where = ", ".join(f"gpu {i}: {s:g}" for i, s in homes)
+            raise DeployError(f"{source}: adapter '{aid}': shares sum to {total:.6g} over "
+                              f"{len(homes)} home(s) ({where}); they must sum to 1")
+
+
+def _plan_cpu_loras(p: Placement) -> list[int | None]:
+    """``max_cpu_loras`` per GPU when the plan file gave it (``load_plan`` keeps it in
+    ``params['max_cpu_loras']``), else None per GPU."""
+    given = p.params.get("max_cpu_loras") if isinstance(p.params, dict) else None
+    if isinstance(given, list) and len(given) == len(p.gpus):
+        return list(given)
+    return [None] * len(p.gpus)
+
+
 # ----------------------------------------------------------------------------- routing
 def routing_table(p: Placement, layout: Layout = Layout()) -> list[dict[str, Any]]:
-    """Adapter -> homes: GPU, server, host, port, served name, share (normalised to sum to 1)
-    and integer weight (``WEIGHT_SCALE`` x share, at least 1); adapters sorted by id."""
+    """Adapter -> homes: GPU, server, host, port, served name, share (normalised to sum to 1;
+    ``check_plan`` refuses shares that do not) and integer weight (``WEIGHT_SCALE`` x share,
+    at least 1); adapters sorted by id."""
     names = served_names(p)
     rows: dict[str, dict[str, Any]] = {}
     for i, g in enumerate(p.gpus):
@@ -268,18 +521,24 @@ def _meta(name: str, namespace: str, verdict: str, labels: dict[str, str],
             "annotations": {ANNOTATION_VERDICT: verdict, **(annotations or {})}}
 
 
+def _unique(name: str, seen: set[str], adapter: str) -> str:
+    if name in seen:
+        raise DeployError(f"adapter '{adapter}': Kubernetes name {name!r} is already used by "
+                          "another adapter")
+    seen.add(name)
+    return name
+
+
+# ----------------------------------------------------------------------------- manifests
 def aibrix_manifests(table: Sequence[dict[str, Any]], base_model: str, pool: str,
                      namespace: str, adapter_dir: str, verdict: str) -> dict[str, Any]:
     """AIBrix ``ModelAdapter`` objects: one per adapter home, named after its served name,
     ``replicas: 1``, pod selector = the home's server label within the plan's pool."""
-    items, seen = [], set()
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for r in table:
         for h in r["homes"]:
-            name = k8s_name(h["served_name"])
-            if name in seen:
-                raise DeployError(f"adapter '{r['adapter']}': Kubernetes name {name!r} is "
-                                  "already used by another adapter")
-            seen.add(name)
+            name = _unique(k8s_name(h["served_name"]), seen, r["adapter"])
             items.append({
                 "apiVersion": AIBRIX_API, "kind": "ModelAdapter",
                 "metadata": _meta(name, namespace, verdict,
@@ -299,20 +558,18 @@ def aibrix_manifests(table: Sequence[dict[str, Any]], base_model: str, pool: str
 
 def gateway_manifests(table: Sequence[dict[str, Any]], pool: str, namespace: str,
                       port: int, verdict: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Gateway API Inference Extension: the ``InferencePool`` of the plan's servers and one
-    ``InferenceModel`` per adapter with its homes' served names and weights."""
+    """Gateway API Inference Extension v1alpha2 (v0.3-v0.5, target ``gie-v1alpha2``): the
+    ``InferencePool`` of the plan's servers and one ``InferenceModel`` per adapter with its
+    homes' served names and weights."""
     pool_obj = {"apiVersion": GIE_API, "kind": "InferencePool",
                 "metadata": _meta(pool, namespace, verdict, {LABEL_POOL: pool}),
                 "spec": {"selector": {LABEL_POOL: pool}, "targetPortNumber": int(port),
                          "extensionRef": {"name": k8s_name(f"{pool}-epp", 253),
                                           "portNumber": EPP_PORT, "failureMode": "FailClose"}}}
-    models, seen = [], set()
+    models: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for r in table:
-        name = k8s_name(r["adapter"])
-        if name in seen:
-            raise DeployError(f"adapter '{r['adapter']}': Kubernetes name {name!r} is already "
-                              "used by another adapter")
-        seen.add(name)
+        name = _unique(k8s_name(r["adapter"]), seen, r["adapter"])
         if len(r["homes"]) > 10:
             raise DeployError(f"adapter '{r['adapter']}' has {len(r['homes'])} homes; an "
                               "InferenceModel lists at most 10 targetModels")
@@ -327,16 +584,128 @@ def gateway_manifests(table: Sequence[dict[str, Any]], pool: str, namespace: str
     return pool_obj, _k8s_list(models)
 
 
+def gateway_v1_manifests(table: Sequence[dict[str, Any]], pool: str, namespace: str,
+                         ports: Sequence[int], verdict: str
+                         ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Gateway API Inference Extension v1 (target ``gie-v1``): the ``InferencePool``
+    (``inference.networking.k8s.io/v1``) of the plan's servers on their ``ports``, one
+    ``InferenceObjective`` per adapter (priority 0), and one ``InferenceModelRewrite`` per
+    split adapter sending its id to its homes' served names by weight."""
+    ports = sorted(set(int(x) for x in ports))
+    if len(ports) > GIE_V1_MAX_PORTS:
+        raise DeployError(f"--gpus-per-host: the servers listen on {len(ports)} ports; a GIE v1 "
+                          f"InferencePool lists at most {GIE_V1_MAX_PORTS} targetPorts (use at "
+                          f"most {GIE_V1_MAX_PORTS} GPUs per host, or drop --target gie-v1)")
+    pool_ref = {"group": GIE_V1_GROUP, "kind": "InferencePool", "name": pool}
+    pool_obj = {"apiVersion": GIE_V1_API, "kind": "InferencePool",
+                "metadata": _meta(pool, namespace, verdict, {LABEL_POOL: pool}),
+                "spec": {"selector": {"matchLabels": {LABEL_POOL: pool}},
+                         "targetPorts": [{"number": x} for x in ports],
+                         "endpointPickerRef": {"name": k8s_name(f"{pool}-epp", 253),
+                                               "port": {"number": EPP_PORT},
+                                               "failureMode": "FailClose"}}}
+    objectives: list[dict[str, Any]] = []
+    rewrites: list[dict[str, Any]] = []
+    seen_o: set[str] = set()
+    seen_r: set[str] = set()
+    for r in table:
+        objectives.append({
+            "apiVersion": GIE_X_API, "kind": "InferenceObjective",
+            "metadata": _meta(_unique(k8s_name(r["adapter"]), seen_o, r["adapter"]), namespace,
+                              verdict, {LABEL_POOL: pool},
+                              {"lora-placement/adapter": r["adapter"]}),
+            "spec": {"poolRef": dict(pool_ref), "priority": 0}})
+        if len(r["homes"]) > 1:
+            rewrites.append({
+                "apiVersion": GIE_X_API, "kind": "InferenceModelRewrite",
+                "metadata": _meta(_unique(k8s_name(r["adapter"]), seen_r, r["adapter"]),
+                                  namespace, verdict, {LABEL_POOL: pool},
+                                  {"lora-placement/adapter": r["adapter"]}),
+                "spec": {"poolRef": dict(pool_ref),
+                         "rules": [{"matches": [{"model": {"type": "Exact",
+                                                           "value": r["adapter"]}}],
+                                    "targets": [{"modelRewrite": h["served_name"],
+                                                 "weight": h["weight"]} for h in r["homes"]]}]}})
+    return pool_obj, _k8s_list(objectives), _k8s_list(rewrites)
+
+
+def _model_uri(model_id: str) -> str:
+    return model_id if "://" in model_id else f"hf://{model_id}"
+
+
+def kserve_manifests(p: Placement, names: Sequence[Sequence[str]], model_id: str,
+                     flags: Sequence[str], pool: str, namespace: str, adapter_dir: str,
+                     verdict: str, cpu_loras: Sequence[int | None]) -> dict[str, Any]:
+    """KServe ``LLMInferenceService`` (``serving.kserve.io/v1alpha2``), one per GPU: the base
+    model, the GPU's adapters in ``model.lora`` with its Amax / CPU slots / max rank, one
+    replica whose pods carry the plan's labels, the calibrated settings in the ``main``
+    container's ``VLLM_ADDITIONAL_ARGS``."""
+    items: list[dict[str, Any]] = []
+    for i, g in enumerate(p.gpus):
+        for n in names[i]:
+            if n in (".", ".."):
+                raise DeployError(f"gpu {i}: adapter name {n!r}: KServe refuses '.' and '..'")
+            if n == model_id:
+                raise DeployError(f"gpu {i}: adapter name {n!r} equals the base model name; "
+                                  "KServe requires them to differ")
+        name = k8s_name(f"{pool}-{server_name(i)}", 63)
+        items.append({
+            "apiVersion": KSERVE_API, "kind": "LLMInferenceService",
+            "metadata": _meta(name, namespace, verdict, {LABEL_POOL: pool,
+                                                         LABEL_SERVER: server_name(i)},
+                              {"lora-placement/gpu": str(i)}),
+            "spec": {"model": {"uri": _model_uri(model_id), "name": model_id,
+                               "lora": {"adapters": [{"name": n, "uri": f"{adapter_dir}/{a.id}"}
+                                                     for n, (a, _) in zip(names[i], g.adapters)],
+                                        "maxAdapters": g.max_loras,
+                                        "maxCpuAdapters": max_cpu_loras(g, cpu_loras[i]),
+                                        "maxRank": g.max_lora_rank}},
+                     "replicas": 1,
+                     "labels": {LABEL_POOL: pool, LABEL_SERVER: server_name(i)},
+                     "template": {"containers": [{"name": "main", "env": [
+                         {"name": "VLLM_ADDITIONAL_ARGS", "value": " ".join(flags)}]}]}}})
+    return _k8s_list(items)
+
+
+LLMD_SCORER_WEIGHTS = (("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),
+                       ("lora-affinity-scorer", 5.0))
+
+
+def llmd_config(pool: str, namespace: str, verdict: str) -> dict[str, Any]:
+    """A ``ConfigMap`` holding the llm-d endpoint picker's ``EndpointPickerConfig``
+    (``llm-d.ai/v1alpha1``): queue and KV-cache scorers at llm-d's default weights (2, 2), the
+    ``lora-affinity-scorer`` at 5 (a server already running the requested adapter scores 1.0, one
+    with a free slot 0.8), a max-score picker and the single-profile handler; no prefix-cache
+    scorer, since the servers run with prefix caching off."""
+    cfg = {"apiVersion": LLMD_API, "kind": "EndpointPickerConfig",
+           "plugins": [*({"type": t} for t, _ in LLMD_SCORER_WEIGHTS),
+                       {"type": "max-score-picker"}, {"type": "single-profile-handler"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               *({"pluginRef": t, "weight": w} for t, w in LLMD_SCORER_WEIGHTS),
+               {"pluginRef": "max-score-picker"}]}]}
+    note = ("lora-affinity-scorer is a preference, not a filter: the endpoint picker may send a "
+            "served name to a server of the pool that does not hold it (vLLM answers 404 unless "
+            "runtime LoRA loading is on); the plan's homes are exact only where a served name "
+            "is loaded on its home alone, as the twin assumes")
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(k8s_name(f"{pool}-epp-config", 253), namespace, verdict,
+                              {LABEL_POOL: pool}, {"lora-placement/note": note}),
+            "data": {"epp-config.yaml": json.dumps(cfg, indent=1) + "\n"}}
+
+
 # ----------------------------------------------------------------------------- files
 @dataclass(frozen=True)
 class DeployOptions:
-    """What ``write_deployment`` needs beside the plan."""
+    """What ``write_deployment`` needs beside the plan; ``targets`` are names of ``TARGETS`` or
+    ``TARGET_ALIASES`` (default ``DEFAULT_TARGETS``: the measured vLLM release and every current
+    control plane)."""
 
     adapter_dir: str = "adapters"
     namespace: str = DEFAULT_NAMESPACE
     model_id: str | None = None
     layout: Layout = Layout()
     allow_rejected: bool = False
+    targets: tuple[str, ...] = DEFAULT_TARGETS
 
 
 def plan_verdict(p: Placement) -> str:
@@ -354,9 +723,57 @@ def check_deployable(p: Placement, allow_rejected: bool) -> None:
                           "then records twin_verdict=rejected)")
 
 
+def _server_files(p: Placement, i: int, g: GpuPlan, sm: ServedModel, release: str,
+                  measured: str, names: Sequence[str], opts: DeployOptions, pool: str,
+                  verdict: str, cpu: int | None) -> tuple[dict[str, Any], str]:
+    """The JSON record and shell script of GPU ``i``'s server for vLLM ``release``."""
+    rel = VLLM_RELEASES[release]
+    layout = opts.layout
+    if not rel.engine_env and sm.engine != "v1":
+        raise DeployError(f"profile {sm.profile!r}: engine {sm.engine!r}; vLLM {release} has "
+                          "only the V1 engine")
+    env = {"CUDA_VISIBLE_DEVICES": str(layout.device(i)),
+           **(dict(sm.env) if rel.engine_env else {})}
+    args = ["--port", str(layout.port(i)), *sm.flags,
+            *lora_flags(g, names, opts.adapter_dir, release, sm.model_id, cpu)]
+    argv = ["vllm", "serve", sm.model_id, *args]
+    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()),
+                        *map(shlex.quote, argv)])
+    if release == measured:
+        note = (f"vLLM {release}: the release the profile was measured on "
+                f"({sm.vllm_version_source}); the twin's figures are for it")
+    else:
+        note = (f"vLLM {release} was not measured: the twin's figures (capacity, verdict) hold "
+                f"for vLLM {measured}, on which the profile was measured")
+    rec = {"gpu": i, "server": server_name(i), "host": layout.host(i),
+           "port": layout.port(i), "gpu_type": g.gpu_type, "profile": g.profile,
+           "model_id": sm.model_id, "model_id_source": sm.model_id_source,
+           "settings_source": sm.settings_source, "vllm_version": release,
+           "measured_vllm_version": measured, "note": note,
+           **({"changes_since_measured": list(rel.changes)} if release != measured else {}),
+           "env": env, "argv": argv, "command": command,
+           "pod_labels": {LABEL_POOL: pool, LABEL_SERVER: server_name(i)},
+           "adapters": [{"id": a.id, "served_name": n, "share": s}
+                        for (a, s), n in zip(g.adapters, names)],
+           "twin_verdict": verdict}
+    sh = ("#!/bin/sh\n"
+          f"# {server_name(i)} of plan {p.instance!r} ({p.method}); twin_verdict={verdict}\n"
+          f"# note: {note}\n"
+          f"# model id: {sm.model_id} ({sm.model_id_source}); settings: {sm.settings_source}\n"
+          f"exec env {command}\n")
+    return rec, sh
+
+
+def _server_dir(release: str, measured: str) -> str:
+    return "servers" if release == measured else f"servers/vllm-{release}"
+
+
 def deployment_files(p: Placement, opts: DeployOptions = DeployOptions()) -> dict[str, str]:
-    """Relative path -> text of every file of the deployment (module docstring)."""
+    """Relative path -> text of every file of the deployment (module docstring); the plan
+    and options are checked first (``check_plan``, ``check_deployable``)."""
+    check_plan(p)
     check_deployable(p, opts.allow_rejected)
+    resolve_targets(opts.targets)                      # unknown names refused first
     if not opts.adapter_dir.strip():
         raise DeployError("--adapter-dir: empty path")
     ns = opts.namespace
@@ -371,60 +788,91 @@ def deployment_files(p: Placement, opts: DeployOptions = DeployOptions()) -> dic
     if len(base_ids) > 1:
         raise DeployError(f"plan: GPUs serve different base models {base_ids}; a plan deploys "
                           "one base model (one adapter pool)")
+    measured_set = sorted({m.vllm_version for m in models.values()})
+    if len(measured_set) > 1:
+        raise DeployError(f"plan: its profiles were measured on different vLLM releases "
+                          f"{measured_set}; deploy one release with --target vllm-<version>")
+    measured = measured_set[0]
+    targets = resolve_targets(opts.targets, measured)
     pool = label_value(k8s_name(f"{p.instance}-pool", 63))
     layout = opts.layout
     names = served_names(p)
+    cpu = _plan_cpu_loras(p)
     files: dict[str, str] = {}
-    servers = []
-    for i, g in enumerate(p.gpus):
-        sm = models[g.profile]
-        env = {"CUDA_VISIBLE_DEVICES": str(layout.device(i)), **dict(sm.env)}
-        args = ["--port", str(layout.port(i)), *sm.flags,
-                *lora_flags(g, names[i], opts.adapter_dir)]
-        argv = ["vllm", "serve", sm.model_id, *args]
-        command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()),
-                            *map(shlex.quote, argv)])
-        rec = {"gpu": i, "server": server_name(i), "host": layout.host(i),
-               "port": layout.port(i), "gpu_type": g.gpu_type, "profile": g.profile,
-               "model_id": sm.model_id, "model_id_source": sm.model_id_source,
-               "settings_source": sm.settings_source, "vllm_version": VLLM_VERSION,
-               "env": env, "argv": argv, "command": command,
-               "pod_labels": {LABEL_POOL: pool, LABEL_SERVER: server_name(i)},
-               "adapters": [{"id": a.id, "served_name": n, "share": s}
-                            for (a, s), n in zip(g.adapters, names[i])],
-               "twin_verdict": verdict}
-        files[f"servers/{server_name(i)}.json"] = json.dumps(rec, indent=1)
-        files[f"servers/{server_name(i)}.sh"] = (
-            "#!/bin/sh\n"
-            f"# {server_name(i)} of plan {p.instance!r} ({p.method}); twin_verdict={verdict}\n"
-            f"# model id: {sm.model_id} ({sm.model_id_source}); settings: {sm.settings_source}\n"
-            f"exec env {command}\n")
-        servers.append({k: rec[k] for k in ("gpu", "server", "host", "port", "profile")})
+    written_by: list[dict[str, Any]] = []
+    servers = [{"gpu": i, "server": server_name(i), "host": layout.host(i),
+                "port": layout.port(i), "profile": g.profile} for i, g in enumerate(p.gpus)]
     table = routing_table(p, layout)
+    for t in targets:
+        tgt = TARGETS[t]
+        before = set(files)
+        if tgt.kind == "vllm":
+            release = _target_version(t)
+            d = _server_dir(release, measured)
+            for i, g in enumerate(p.gpus):
+                rec, sh = _server_files(p, i, g, models[g.profile], release, measured, names[i],
+                                        opts, pool, verdict, cpu[i])
+                files[f"{d}/{server_name(i)}.json"] = json.dumps(rec, indent=1)
+                files[f"{d}/{server_name(i)}.sh"] = sh
+            release_text = f"vLLM {release}" + (" (measured)" if release == measured else
+                                                f" (not measured; figures hold for {measured})")
+        elif t == "gie-v1":
+            pool_obj, objectives, rewrites = gateway_v1_manifests(
+                table, pool, ns, [layout.port(i) for i in range(len(p.gpus))], verdict)
+            files["gateway/inferencepool.json"] = json.dumps(pool_obj, indent=1)
+            files["gateway/inferenceobjectives.json"] = json.dumps(objectives, indent=1)
+            if rewrites["items"]:                 # no split adapter: nothing to rewrite
+                files["gateway/inferencemodelrewrites.json"] = json.dumps(rewrites, indent=1)
+            release_text = tgt.release
+        elif t == "gie-v1alpha2":
+            pool_obj, model_list = gateway_manifests(table, pool, ns, layout.base_port, verdict)
+            files["gateway-v1alpha2/inferencepool.json"] = json.dumps(pool_obj, indent=1)
+            files["gateway-v1alpha2/inferencemodels.json"] = json.dumps(model_list, indent=1)
+            release_text = tgt.release
+        elif t == "aibrix":
+            files["aibrix/modeladapters.json"] = json.dumps(
+                aibrix_manifests(table, base_ids[0], pool, ns, opts.adapter_dir, verdict),
+                indent=1)
+            release_text = tgt.release
+        elif t == "kserve":
+            sm0 = models[p.gpus[0].profile]
+            files["kserve/llminferenceservices.json"] = json.dumps(
+                kserve_manifests(p, names, base_ids[0], sm0.flags, pool, ns, opts.adapter_dir,
+                                 verdict, cpu), indent=1)
+            release_text = (f"{tgt.release} (runs the current vLLM line; settings checked "
+                            f"against vLLM {VLLM_CURRENT})")
+        else:                                               # llm-d
+            files["llm-d/epp-config.json"] = json.dumps(llmd_config(pool, ns, verdict), indent=1)
+            release_text = tgt.release
+        written_by.append({"target": t, "release": release_text,
+                           "api_versions": list(tgt.api_versions), "source": tgt.source,
+                           "files": sorted(set(files) - before)})
     files["routing.json"] = json.dumps({"instance": p.instance, "twin_verdict": verdict,
                                         "weight_scale": WEIGHT_SCALE, "adapters": table},
                                        indent=1)
     files["routing.csv"] = routing_csv(table, verdict)
-    files["aibrix/modeladapters.json"] = json.dumps(
-        aibrix_manifests(table, base_ids[0], pool, ns, opts.adapter_dir, verdict), indent=1)
-    pool_obj, model_list = gateway_manifests(table, pool, ns, layout.base_port, verdict)
-    files["gateway/inferencepool.json"] = json.dumps(pool_obj, indent=1)
-    files["gateway/inferencemodels.json"] = json.dumps(model_list, indent=1)
     summary = {"instance": p.instance, "method": p.method, "status": p.status,
                "twin_verdict": verdict, "twin_failed_gpus": failed,
-               "vllm_version": VLLM_VERSION, "namespace": ns, "pool": pool,
+               "vllm_version": measured, "measured_vllm_version": measured,
+               "targets": written_by, "namespace": ns, "pool": pool,
                "adapter_dir": opts.adapter_dir,
                "models": {k: {"model_id": m.model_id, "model_id_source": m.model_id_source,
                               "settings_source": m.settings_source, "flags": list(m.flags),
-                              "env": dict(m.env)} for k, m in models.items()},
+                              "env": dict(m.env), "vllm_version": m.vllm_version,
+                              "vllm_version_source": m.vllm_version_source}
+                          for k, m in models.items()},
                "layout": {"base_port": layout.base_port, "gpus_per_host": layout.gpus_per_host},
                "servers": servers, "n_adapters": len(table),
-               "manifests": {"aibrix": "JSON (valid YAML) v1 List of ModelAdapter",
-                             "gateway": "JSON (valid YAML) InferencePool + v1 List of "
-                                        "InferenceModel"}}
+               "manifests": "JSON documents (valid YAML); Kubernetes objects as v1 List"}
     summary["files"] = sorted([*files, "deployment.json"])
     files["deployment.json"] = json.dumps(summary, indent=1)
     return files
+
+
+# files a deployment may hold: what --force may remove when a new deployment lacks them
+_GENERATED = re.compile(r"(servers(/vllm-[0-9][0-9a-z.]*)?/gpu-\d+\.(sh|json)"
+                        r"|gateway(-v1alpha2)?/[a-z]+\.json|aibrix/[a-z]+\.json"
+                        r"|kserve/[a-z]+\.json|llm-d/[a-z-]+\.json)")
 
 
 def check_out_dir(out: Path, files: Sequence[str], force: bool) -> None:
@@ -444,11 +892,19 @@ def check_out_dir(out: Path, files: Sequence[str], force: bool) -> None:
             raise DeployError(f"--out: {d} is a file; cannot write {f}")
 
 
+def _os_reason(e: OSError) -> str:
+    if e.errno is not None:
+        return os.strerror(e.errno).lower()
+    return str(e) or type(e).__name__
+
+
 def write_deployment(p: Placement, out: str | Path, opts: DeployOptions = DeployOptions(),
                      force: bool = False) -> list[Path]:
-    """Write the deployment files of ``p`` under ``out`` (checked first); returns their paths.
-    With ``force``, server files of an earlier deployment in ``out`` that this plan does not
-    have are removed (a smaller plan must not leave stale servers behind)."""
+    """Write the deployment files of ``p`` under ``out`` (plan and directory checked first);
+    returns their paths. With ``force``, files of an earlier deployment in ``out`` that this one
+    does not have (servers of a larger plan, targets not asked for now) are removed. A file that
+    cannot be written raises ``DeployError`` naming it (``--out <path>: cannot write: <reason>``)
+    after the files this call created are removed."""
     out = Path(out)
     files = deployment_files(p, opts)
     check_out_dir(out, list(files), force)
@@ -459,24 +915,51 @@ def write_deployment(p: Placement, out: str | Path, opts: DeployOptions = Deploy
             prev = json.loads(old.read_text()).get("files", [])
         except (ValueError, OSError, AttributeError):
             prev = []
-        stale = [out / f for f in prev if isinstance(f, str) and f.startswith("servers/")
-                 and f not in files and re.fullmatch(r"servers/gpu-\d+\.(sh|json)", f)]
-    written = []
-    for rel, text in files.items():
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-        if rel.endswith(".sh"):
-            path.chmod(0o755)
-        written.append(path)
-    for s in stale:
-        if s.is_file():
-            s.unlink()
+        stale = [out / f for f in prev if isinstance(f, str) and f not in files
+                 and _GENERATED.fullmatch(f)]
+    written: list[Path] = []
+    created: list[Path] = []
+    made_dirs: list[Path] = []
+    path = out
+    try:
+        for rel, text in files.items():
+            path = out / rel
+            for d in reversed([path.parent, *path.parent.parents]):
+                if not d.exists():
+                    path = d
+                    d.mkdir()
+                    made_dirs.append(d)
+            path = out / rel
+            existed = path.exists()
+            path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+            if not existed:
+                created.append(path)
+            if rel.endswith(".sh"):
+                path.chmod(0o755)
+            written.append(path)
+        for s in stale:
+            path = s
+            if s.is_file():
+                s.unlink()
+    except OSError as e:
+        for c in created:
+            try:
+                c.unlink()
+            except OSError:
+                pass
+        for d in reversed(made_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise DeployError(f"--out {path}: cannot write: {_os_reason(e)}") from None
     return written
 
 
 def load_plan(path: str | Path) -> Placement:
-    """A plan written by ``optim solve --json``; errors name the file and the field."""
+    """A plan written by ``optim solve --json``; errors name the file and the field. An
+    optional ``gpus[i].max_cpu_loras`` is kept in ``params['max_cpu_loras']`` (checked by
+    ``check_plan``)."""
     p = Path(path)
     if not p.exists():
         raise DeployError(f"plan {p}: does not exist")
@@ -486,6 +969,8 @@ def load_plan(path: str | Path) -> Placement:
         d = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DeployError(f"plan {p}: not a JSON plan ({e})") from None
+    except OSError as e:
+        raise DeployError(f"plan {p}: cannot read: {_os_reason(e)}") from None
     if not isinstance(d, dict):
         raise DeployError(f"plan {p}: must be a JSON object (the output of `optim solve --json`)")
     for k in ("instance", "method", "status", "gpus", "wall_time_s", "objective"):
@@ -493,12 +978,20 @@ def load_plan(path: str | Path) -> Placement:
             raise DeployError(f"plan {p}: field '{k}' missing (is it `optim solve --json` output?)")
     if not isinstance(d["gpus"], list):
         raise DeployError(f"plan {p}: field 'gpus' must be a list")
+    cpu: list[int | None] = []
     for i, g in enumerate(d["gpus"]):
         if not isinstance(g, dict):
             raise DeployError(f"plan {p}: field 'gpus[{i}]' must be an object")
         for k in ("gpu_type", "profile", "max_loras", "max_lora_rank", "adapters", "offered_tps"):
             if k not in g:
                 raise DeployError(f"plan {p}: field 'gpus[{i}].{k}' missing")
+        for k in ("max_loras", "max_lora_rank"):
+            if not _int_like(g[k]):
+                raise DeployError(f"plan {p}: gpu {i}: {k} {g[k]!r}: must be an integer")
+        c = g.get("max_cpu_loras")
+        if c is not None and not _int_like(c):
+            raise DeployError(f"plan {p}: gpu {i}: max_cpu_loras {c!r}: must be an integer")
+        cpu.append(None if c is None else int(c))
         if not isinstance(g["adapters"], list) or not g["adapters"]:
             raise DeployError(f"plan {p}: field 'gpus[{i}].adapters' must be a non-empty list")
         for j, a in enumerate(g["adapters"]):
@@ -510,12 +1003,17 @@ def load_plan(path: str | Path) -> Placement:
                 raise DeployError(f"plan {p}: field 'gpus[{i}].adapters[{j}].share' must be in "
                                   f"(0, 1], got {s!r}")
     try:
-        return Placement.from_dict(d)
+        plan = Placement.from_dict(d)
     except (KeyError, TypeError, ValueError) as e:
         raise DeployError(f"plan {p}: malformed ({type(e).__name__}: {e})") from None
+    if any(c is not None for c in cpu):
+        plan = plan.with_(params={**plan.params, "max_cpu_loras": cpu})
+    return plan
 
 
 __all__ = ["DeployError", "DeployOptions", "Layout", "ServedModel", "served_model", "lora_flags",
            "served_names", "routing_table", "aibrix_manifests", "gateway_manifests",
-           "deployment_files", "write_deployment", "load_plan", "check_deployable", "k8s_name",
-           "label_value"]
+           "gateway_v1_manifests", "kserve_manifests", "llmd_config", "deployment_files",
+           "write_deployment", "load_plan", "check_plan", "check_deployable", "plan_verdict",
+           "k8s_name", "label_value", "TARGETS", "TARGET_ALIASES", "DEFAULT_TARGETS",
+           "VLLM_RELEASES", "resolve_targets", "target_help"]

@@ -3,7 +3,10 @@ mapping."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -77,75 +80,37 @@ from optim.verify import verify  # noqa: E402
 
 LLAMA = "llama-3.1-8b-instruct"
 
-# Flag names of `vllm serve` (vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py) that
-# the generated commands use, as read in a stored arg_utils.py from before 0.8 (commit 001999d:
-# --enable-prefix-caching is an argparse.BooleanOptionalAction, hence --no-enable-prefix-caching;
-# vLLM's own V1 test turns prefix caching off with that flag). --no-enable-chunked-prefill is only
-# written for a profile whose serving turns chunked prefill off (none shipped).
-VLLM_085_FLAGS = {"--port", "--gpu-memory-utilization", "--max-num-batched-tokens",
-                  "--max-num-seqs", "--max-model-len", "--dtype", "--enable-chunked-prefill",
-                  "--no-enable-chunked-prefill", "--enable-prefix-caching",
-                  "--no-enable-prefix-caching", "--enable-lora", "--max-loras", "--max-cpu-loras",
-                  "--max-lora-rank", "--lora-modules"}
+DATA = Path(__file__).parent / "data"
+SCHEMAS = DATA / "schemas"
 
-# Facts of the published CRD OpenAPI schemas (spec part), written as JSON Schema:
-# AIBrix config/crd/model/model.aibrix.ai_modeladapters.yaml (v1alpha1) and Gateway API Inference
-# Extension v0.5.1 config/crd/bases/inference.networking.x-k8s.io_{inferencepools,
-# inferencemodels}.yaml (v1alpha2).
-_NAME = {"type": "string", "minLength": 1, "maxLength": 253}
-_LABEL_VALUE = {"type": "string", "maxLength": 63,
-                "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
-_SELECTOR = {"type": "object", "properties": {
-    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
-    "matchExpressions": {"type": "array", "items": {
-        "type": "object", "required": ["key", "operator"],
-        "properties": {"key": {"type": "string"}, "operator": {"type": "string"},
-                       "values": {"type": "array", "items": {"type": "string"}}}}}}}
-AIBRIX_SPEC = {"type": "object", "required": ["artifactURL", "podSelector"],
-               "additionalProperties": False, "properties": {
-                   "additionalConfig": {"type": "object",
-                                        "additionalProperties": {"type": "string"}},
-                   "artifactURL": {"type": "string"}, "baseModel": {"type": "string"},
-                   "credentialsSecretRef": {"type": "object",
-                                            "properties": {"name": {"type": "string"}}},
-                   "podSelector": _SELECTOR,
-                   "replicas": {"type": "integer", "enum": [1]},
-                   "schedulerName": {"type": "string"}}}
-GIE_POOL_SPEC = {"type": "object", "required": ["extensionRef", "selector", "targetPortNumber"],
-                 "additionalProperties": False, "properties": {
-                     "extensionRef": {"type": "object", "required": ["name"], "properties": {
-                         "failureMode": {"type": "string", "enum": ["FailOpen", "FailClose"]},
-                         "group": {"type": "string", "maxLength": 253},
-                         "kind": {"type": "string", "minLength": 1, "maxLength": 63},
-                         "name": _NAME,
-                         "portNumber": {"type": "integer", "minimum": 1, "maximum": 65535}}},
-                     "selector": {"type": "object", "additionalProperties": _LABEL_VALUE},
-                     "targetPortNumber": {"type": "integer", "minimum": 1, "maximum": 65535}}}
-GIE_MODEL_SPEC = {"type": "object", "required": ["modelName", "poolRef"],
-                  "additionalProperties": False, "properties": {
-                      "criticality": {"type": "string",
-                                      "enum": ["Critical", "Standard", "Sheddable"]},
-                      "modelName": {"type": "string", "maxLength": 256},
-                      "poolRef": {"type": "object", "required": ["name"], "properties": {
-                          "group": {"type": "string", "maxLength": 253},
-                          "kind": {"type": "string", "minLength": 1, "maxLength": 63},
-                          "name": _NAME}},
-                      "targetModels": {"type": "array", "maxItems": 10, "items": {
-                          "type": "object", "required": ["name"], "properties": {
-                              "name": {"type": "string", "maxLength": 253},
-                              "weight": {"type": "integer", "minimum": 1,
-                                         "maximum": 1000000}}}}}}
+
+def vllm_flags(version: str) -> set[str]:
+    """Flags of `vllm serve` in that release (tests/data/vllm_args/<version>.txt: read from the
+    release's arg_utils.py / cli_args.py, the file's header says where)."""
+    lines = (DATA / "vllm_args" / f"{version}.txt").read_text().splitlines()
+    return {x.strip() for x in lines if x.strip() and not x.startswith("#")}
+
+
+def schema(name: str) -> dict:
+    return json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+
+
+# (apiVersion, kind) of every manifest object -> its schema (tests/data/schemas/*.schema.json)
+SCHEMA_OF = {
+    ("inference.networking.k8s.io/v1", "InferencePool"): "gie-v1-inferencepool",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"):
+        "gie-v1alpha2-inferenceobjective",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite"):
+        "gie-v1alpha2-inferencemodelrewrite",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferencePool"): "gie-v1alpha2-inferencepool",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceModel"): "gie-v1alpha2-inferencemodel",
+    ("model.aibrix.ai/v1alpha1", "ModelAdapter"): "aibrix-v1alpha1-modeladapter",
+    ("serving.kserve.io/v1alpha2", "LLMInferenceService"): "kserve-v1alpha2-llminferenceservice",
+    ("llm-d.ai/v1alpha1", "EndpointPickerConfig"): "llm-d-v1alpha1-endpointpickerconfig",
+}
+ALL_TARGETS = ("vllm-0.8.5", "vllm-0.33", "gie-v1", "gie-v1alpha2", "aibrix", "kserve", "llm-d")
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-
-def _object_schema(api: str, kind: str, spec: dict) -> dict:
-    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-            "properties": {"apiVersion": {"const": api}, "kind": {"const": kind},
-                           "metadata": {"type": "object", "required": ["name", "namespace"],
-                                        "properties": {"name": {"type": "string",
-                                                                "maxLength": 253,
-                                                                "pattern": DNS_SUBDOMAIN}}},
-                           "spec": spec}}
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 def _inst(rates=(2.0, 1.0, 0.5, 0.25), duration=120.0):
@@ -190,7 +155,9 @@ def test_commands_serve_the_model_id_with_the_calibrated_settings(split_plan):
         assert _flag(argv, "--max-lora-rank") == str(g.max_lora_rank)
         assert _flag(argv, "--port") == str(8000 + i)
         assert rec["env"] == {"CUDA_VISIBLE_DEVICES": str(i), "VLLM_USE_V1": "1"}
-        assert {a for a in argv if a.startswith("--")} <= VLLM_085_FLAGS
+        assert {a for a in argv if a.startswith("--")} <= vllm_flags("0.8.5")
+        assert rec["vllm_version"] == rec["measured_vllm_version"] == "0.8.5"
+        assert "measured" in rec["note"]
         mods = argv[argv.index("--lora-modules") + 1:]
         assert len(mods) == g.n_adapters and all("=/loras/a" in m for m in mods)
         sh = files[f"servers/gpu-{i}.sh"]
@@ -215,40 +182,214 @@ def test_routing_weights_sum_to_one_per_adapter(split_plan):
     assert all(line.endswith(",accepted") for line in lines[1:])
 
 
-def test_manifests_match_the_published_crd_schemas(split_plan):
+def _objects(text: str) -> list[dict]:
+    """The Kubernetes objects of one manifest file (a v1 List, one object, or the endpoint
+    picker config inside its ConfigMap)."""
+    doc = json.loads(text)
+    objs = doc["items"] if doc["kind"] == "List" else [doc]
+    out = []
+    for o in objs:
+        if o["kind"] == "ConfigMap":
+            out += [json.loads(v) for v in o["data"].values()]
+        else:
+            out.append(o)
+    return out
+
+
+def test_every_target_validates_against_the_schema_of_its_release(split_plan):
     import jsonschema
-    files = deployment_files(split_plan, DeployOptions(namespace="lora"))
-    ma = json.loads(files["aibrix/modeladapters.json"])
+    files = deployment_files(split_plan, DeployOptions(namespace="lora", targets=ALL_TARGETS))
+    summary = json.loads(files["deployment.json"])
+    assert [t["target"] for t in summary["targets"]] == list(ALL_TARGETS)
+    seen_schemas = set()
+    for t in summary["targets"]:
+        assert t["files"] and t["release"] and t["source"]
+        for rel in t["files"]:
+            if rel.startswith("servers/"):
+                continue
+            objs = _objects(files[rel])
+            for obj in objs:
+                key = (obj["apiVersion"], obj["kind"])
+                assert key in SCHEMA_OF, (rel, key)
+                assert obj["apiVersion"] in t["api_versions"], (rel, t["target"])
+                jsonschema.validate(obj, schema(SCHEMA_OF[key]))
+                seen_schemas.add(SCHEMA_OF[key])
+                if "metadata" in obj:
+                    assert obj["metadata"]["namespace"] == "lora"
+                    assert obj["metadata"]["annotations"]["lora-placement/twin-verdict"] == \
+                        "accepted"
+    assert seen_schemas == set(SCHEMA_OF.values())      # every schema was used
+
+
+def test_schemas_name_their_source_and_refuse_the_other_release(split_plan):
+    import jsonschema
+    for f in SCHEMAS.glob("*.schema.json"):
+        sch = json.loads(f.read_text())
+        jsonschema.Draft202012Validator.check_schema(sch)
+        assert "github.com/" in sch["$comment"] and "commit" in sch["$comment"], f.name
+    assert {f.name.removesuffix(".schema.json") for f in SCHEMAS.glob("*.schema.json")} == \
+        set(SCHEMA_OF.values())
+    files = deployment_files(split_plan, DeployOptions(targets=("gie-v1", "gie-v1alpha2")))
+    v1 = json.loads(files["gateway/inferencepool.json"])
+    old = json.loads(files["gateway-v1alpha2/inferencepool.json"])
+    with pytest.raises(jsonschema.ValidationError):      # a v1alpha2 spec is not a v1 pool
+        jsonschema.validate({**old, "apiVersion": v1["apiVersion"]},
+                            schema("gie-v1-inferencepool"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**v1, "apiVersion": old["apiVersion"]},
+                            schema("gie-v1alpha2-inferencepool"))
+    bad = json.loads(json.dumps(v1))
+    bad["spec"]["targetPorts"] = [{"number": 8000 + i} for i in range(9)]   # maxItems 8
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema("gie-v1-inferencepool"))
+
+
+def test_gateway_v1_splits_traffic_by_rewrite_and_selects_the_servers(split_plan):
+    files = deployment_files(split_plan, DeployOptions(targets=("gie-v1", "vllm-measured")))
     pool = json.loads(files["gateway/inferencepool.json"])
-    models = json.loads(files["gateway/inferencemodels.json"])
-    assert ma["kind"] == models["kind"] == "List"
-    assert len(ma["items"]) == 5                       # one per adapter home
-    for obj in ma["items"]:
-        jsonschema.validate(obj, _object_schema("model.aibrix.ai/v1alpha1", "ModelAdapter",
-                                                AIBRIX_SPEC))
-        assert obj["spec"]["baseModel"] == "meta-llama/Llama-3.1-8B-Instruct"
-        sel = obj["spec"]["podSelector"]["matchLabels"]
-        home = obj["metadata"]["annotations"]["lora-placement/served-name"]
-        assert sel["lora-placement/server"] == ("gpu-1" if home.endswith("gpu1") or home in
-                                                ("a2", "a3") else "gpu-0")
-    jsonschema.validate(pool, _object_schema("inference.networking.x-k8s.io/v1alpha2",
-                                             "InferencePool", GIE_POOL_SPEC))
-    for obj in models["items"]:
-        jsonschema.validate(obj, _object_schema("inference.networking.x-k8s.io/v1alpha2",
-                                                "InferenceModel", GIE_MODEL_SPEC))
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]
+    assert pool["spec"]["endpointPickerRef"]["port"] == {"number": 9002}
+    labels = json.loads(files["servers/gpu-0.json"])["pod_labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    objectives = _objects(files["gateway/inferenceobjectives.json"])
+    assert [o["metadata"]["annotations"]["lora-placement/adapter"] for o in objectives] == \
+        ["a0", "a1", "a2", "a3"]
+    assert all(o["spec"]["poolRef"] == {"group": "inference.networking.k8s.io",
+                                        "kind": "InferencePool",
+                                        "name": pool["metadata"]["name"]} for o in objectives)
+    (rw,) = _objects(files["gateway/inferencemodelrewrites.json"])   # only a0 is split
+    (rule,) = rw["spec"]["rules"]
+    assert rule["matches"] == [{"model": {"type": "Exact", "value": "a0"}}]
+    assert rule["targets"] == [{"modelRewrite": "a0--gpu0", "weight": 600},
+                               {"modelRewrite": "a0--gpu1", "weight": 400}]
+    from optim.deploy import gateway_v1_manifests
+    with pytest.raises(DeployError, match="at most 8 targetPorts"):
+        gateway_v1_manifests(routing_table(split_plan), "p", "ns", range(8000, 8009), "x")
+
+
+def test_v1alpha2_aibrix_kserve_and_llmd_objects(split_plan):
+    files = deployment_files(split_plan, DeployOptions(targets=ALL_TARGETS,
+                                                       adapter_dir="s3://b/loras"))
+    models = _objects(files["gateway-v1alpha2/inferencemodels.json"])
+    for obj in models:
         tm = obj["spec"]["targetModels"]
-        # CRD rule: weights set for all target models or for none
         assert all("weight" in t for t in tm) or not any("weight" in t for t in tm)
-        assert obj["spec"]["poolRef"]["name"] == pool["metadata"]["name"]
-    a0 = next(o for o in models["items"] if o["spec"]["modelName"] == "a0")
+    a0 = next(o for o in models if o["spec"]["modelName"] == "a0")
     assert a0["spec"]["targetModels"] == [{"name": "a0--gpu0", "weight": 600},
                                           {"name": "a0--gpu1", "weight": 400}]
-    # every pod label the selectors use is listed for the servers
-    labels = json.loads(files["servers/gpu-0.json"])["pod_labels"]
-    assert pool["spec"]["selector"].items() <= labels.items()
-    for obj in [*ma["items"], pool, *models["items"]]:
-        assert obj["metadata"]["namespace"] == "lora"
-        assert obj["metadata"]["annotations"]["lora-placement/twin-verdict"] == "accepted"
+    ma = _objects(files["aibrix/modeladapters.json"])
+    assert len(ma) == 5                                   # one per adapter home
+    for obj in ma:
+        assert obj["spec"]["baseModel"] == "meta-llama/Llama-3.1-8B-Instruct"
+        home = obj["metadata"]["annotations"]["lora-placement/served-name"]
+        assert obj["spec"]["podSelector"]["matchLabels"]["lora-placement/server"] == \
+            ("gpu-1" if home.endswith("gpu1") or home in ("a2", "a3") else "gpu-0")
+    svcs = _objects(files["kserve/llminferenceservices.json"])
+    assert len(svcs) == 2
+    for i, (svc, g) in enumerate(zip(svcs, split_plan.gpus)):
+        lora = svc["spec"]["model"]["lora"]
+        assert svc["spec"]["model"]["uri"] == "hf://meta-llama/Llama-3.1-8B-Instruct"
+        assert (lora["maxAdapters"], lora["maxRank"]) == (g.max_loras, g.max_lora_rank)
+        assert lora["maxCpuAdapters"] >= len(lora["adapters"]) == g.n_adapters
+        names = [x["name"] for x in lora["adapters"]]
+        assert len(set(names)) == len(names) and svc["spec"]["model"]["name"] not in names
+        assert all(x["uri"].startswith("s3://b/loras/a") for x in lora["adapters"])
+        assert svc["spec"]["labels"]["lora-placement/server"] == f"gpu-{i}"
+    (cfg,) = _objects(files["llm-d/epp-config.json"])
+    defined = {p.get("name", p["type"]) for p in cfg["plugins"]}
+    refs = {r["pluginRef"] for prof in cfg["schedulingProfiles"] for r in prof["plugins"]}
+    assert refs <= defined and "lora-affinity-scorer" in refs
+    assert "prefix-cache-scorer" not in defined           # prefix caching is off on the servers
+
+
+def test_every_vllm_command_uses_only_its_release_flags(split_plan):
+    files = deployment_files(split_plan, DeployOptions(targets=ALL_TARGETS))
+    checked = {"0.8.5": 0, "0.33.0": 0}
+    for rel, text in files.items():
+        if rel.startswith("servers/") and rel.endswith(".json"):
+            rec = json.loads(text)
+            flags = {a for a in rec["argv"] if a.startswith("--")}
+            missing = flags - vllm_flags(rec["vllm_version"])
+            assert not missing, (rel, missing)
+            checked[rec["vllm_version"]] += 1
+    assert checked == {"0.8.5": 2, "0.33.0": 2}
+    # KServe runs the current vLLM line: its VLLM_ADDITIONAL_ARGS are that line's flags
+    for svc in _objects(files["kserve/llminferenceservices.json"]):
+        (env,) = svc["spec"]["template"]["containers"][0]["env"]
+        extra = {a for a in env["value"].split() if a.startswith("--")}
+        assert extra and extra <= vllm_flags("0.33.0")
+    # the flags the plan relies on exist in both releases; flags removed since 0.8.5 are listed
+    lora = {"--enable-lora", "--max-loras", "--max-cpu-loras", "--max-lora-rank",
+            "--lora-modules", "--no-enable-prefix-caching", "--enable-chunked-prefill"}
+    assert lora <= vllm_flags("0.8.5") & vllm_flags("0.33.0")
+    assert "--enable-lora-bias" in vllm_flags("0.8.5") - vllm_flags("0.33.0")
+
+
+def test_current_vllm_line_commands(split_plan):
+    files = deployment_files(split_plan, DeployOptions(adapter_dir="/loras",
+                                                       targets=("vllm-current",)))
+    assert not any(f.startswith("servers/gpu-") for f in files)
+    for i, g in enumerate(split_plan.gpus):
+        rec = json.loads(files[f"servers/vllm-0.33.0/gpu-{i}.json"])
+        argv = rec["argv"]
+        assert rec["env"] == {"CUDA_VISIBLE_DEVICES": str(i)}          # no VLLM_USE_V1
+        assert rec["vllm_version"] == "0.33.0" and rec["measured_vllm_version"] == "0.8.5"
+        assert "0.8.5" in rec["note"] and "not measured" in rec["note"]
+        assert any("VLLM_USE_V1" in c for c in rec["changes_since_measured"])
+        mods = [json.loads(m) for m in argv[argv.index("--lora-modules") + 1:]]
+        assert len(mods) == g.n_adapters
+        assert all(set(m) == {"name", "path", "base_model_name"} for m in mods)
+        assert all(m["base_model_name"] == "meta-llama/Llama-3.1-8B-Instruct" for m in mods)
+        assert mods[0]["path"] == "/loras/a0"
+        sh = files[f"servers/vllm-0.33.0/gpu-{i}.sh"]
+        assert "VLLM_USE_V1" not in sh and "not measured" in sh
+    summary = json.loads(files["deployment.json"])
+    assert [t["target"] for t in summary["targets"]] == ["vllm-0.33"]
+
+
+def test_default_targets_are_the_measured_vllm_and_current_control_planes(split_plan):
+    files = deployment_files(split_plan)
+    summary = json.loads(files["deployment.json"])
+    assert [t["target"] for t in summary["targets"]] == \
+        ["vllm-0.8.5", "gie-v1", "aibrix", "kserve", "llm-d"]
+    assert summary["vllm_version"] == summary["measured_vllm_version"] == "0.8.5"
+    assert {"servers/gpu-0.sh", "gateway/inferencepool.json", "gateway/inferenceobjectives.json",
+            "gateway/inferencemodelrewrites.json", "aibrix/modeladapters.json",
+            "kserve/llminferenceservices.json", "llm-d/epp-config.json", "routing.json",
+            "routing.csv"} <= set(files)
+    assert not any(f.startswith(("gateway-v1alpha2/", "servers/vllm-")) for f in files)
+    assert json.loads(files["servers/gpu-0.json"])["env"]["VLLM_USE_V1"] == "1"
+
+
+def test_unknown_target_is_refused(tmp_path, capsys, split_plan):
+    with pytest.raises(DeployError, match="--target: unknown target 'vllm-9'"):
+        deployment_files(split_plan, DeployOptions(targets=("vllm-9",)))
+    plan = tmp_path / "plan.json"
+    plan.write_text(split_plan.to_json())
+    out = tmp_path / "out"
+    assert main(["deploy", str(plan), "--out", str(out), "--target", "gie-v1,vllm-9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --target: unknown target 'vllm-9'") and err.count("\n") == 1
+    assert not out.exists()
+    assert main(["deploy", str(plan), "--out", str(out), "--target", "vllm-current",
+                 "--target", "gie-v1alpha2,aibrix"]) == 0
+    capsys.readouterr()
+    summary = json.loads((out / "deployment.json").read_text())
+    assert [t["target"] for t in summary["targets"]] == ["vllm-0.33", "gie-v1alpha2", "aibrix"]
+
+
+def test_cli_target_names_agree_with_the_module():
+    from optim.cli_deploy import CLI_DEPLOY_DEFAULT_TARGETS, CLI_DEPLOY_TARGETS
+    from optim.deploy import DEFAULT_TARGETS, TARGET_ALIASES, TARGETS
+    assert set(CLI_DEPLOY_TARGETS) == set(TARGETS) | set(TARGET_ALIASES)
+    assert CLI_DEPLOY_DEFAULT_TARGETS == DEFAULT_TARGETS
+    import subprocess
+    import sys
+    help_text = subprocess.run([sys.executable, "-m", "optim", "deploy", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    flat = "".join(help_text.split())             # --help wraps lines, also at hyphens
+    for t in CLI_DEPLOY_TARGETS:
+        assert t in flat, t
 
 
 def test_every_file_records_the_twin_verdict(split_plan):
@@ -286,6 +427,11 @@ def test_no_overwrite_without_force_and_force_drops_stale_servers(tmp_path, spli
     write_deployment(one, out, force=True)
     assert not (out / "servers" / "gpu-1.sh").exists()
     assert (out / "servers" / "gpu-0.sh").stat().st_mode & 0o111
+    # fewer targets over the same directory: the manifests of the dropped ones go too
+    write_deployment(one, out, DeployOptions(targets=("vllm-measured", "aibrix")), force=True)
+    assert not (out / "kserve" / "llminferenceservices.json").exists()
+    assert not (out / "gateway" / "inferencepool.json").exists()
+    assert (out / "aibrix" / "modeladapters.json").exists()
 
 
 def test_profile_without_serving_falls_back_clearly(tmp_path):
@@ -322,7 +468,7 @@ def test_kubernetes_names_stay_valid_and_distinct():
         n = k8s_name(raw)
         assert re.fullmatch(DNS_SUBDOMAIN, n) and len(n) <= 253
     assert k8s_name("Adapter_1") != k8s_name("adapter-1")
-    assert re.fullmatch(_LABEL_VALUE["pattern"], label_value("x" * 80 + "_"))
+    assert re.fullmatch(LABEL_VALUE, label_value("x" * 80 + "_"))
     assert len(label_value("x" * 80)) <= 63
 
 
@@ -332,7 +478,7 @@ def test_cli_deploy_end_to_end_and_errors(tmp_path, capsys, split_plan):
     out = tmp_path / "out"
     assert main(["deploy", str(plan), "--out", str(out), "--namespace", "ns1"]) == 0
     assert "twin_verdict=accepted" in capsys.readouterr().out
-    assert (out / "gateway" / "inferencemodels.json").exists()
+    assert (out / "gateway" / "inferenceobjectives.json").exists()
     assert main(["deploy", str(plan), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["deploy", str(plan), "--out", str(out), "--force", "--namespace", "Bad_NS"]) == 2
@@ -356,3 +502,139 @@ def test_integer_routing_weights_sum_to_the_scale():
         if min(shares) * WEIGHT_SCALE >= 1:      # no home raised to the minimum weight 1
             assert all(abs(x - WEIGHT_SCALE * s) < 1.0 + 1e-9 for x, s in zip(w, shares))
     assert integer_weights([1 / 3] * 3) == [334, 333, 333]
+
+
+# ----------------------------------------------------------------------------- plan checks
+def _plan_dict(p: Placement) -> dict:
+    return json.loads(p.to_json())
+
+
+def _split_home(d):                      # a single home with share 0.5
+    d["gpus"][1]["adapters"][1]["share"] = 0.5
+
+
+def _max_loras_zero(d):
+    d["gpus"][1]["max_loras"] = 0
+
+
+def _cpu_loras_low(d):
+    d["gpus"][1]["max_cpu_loras"] = 2    # 3 adapters on gpu 1
+
+
+def _cpu_below_max_loras(d):
+    d["gpus"][1]["max_cpu_loras"] = 3    # max_loras is 4
+    d["gpus"][1]["max_loras"] = 4
+
+
+def _rank_above(d):
+    d["gpus"][0]["max_lora_rank"] = 8    # a0 has rank 16
+
+
+def _rank_not_vllm(d):
+    d["gpus"][0]["max_lora_rank"] = 24
+
+
+def _no_gpus(d):
+    d["gpus"] = []
+
+
+def _twice(d):
+    d["gpus"][1]["adapters"].append(dict(d["gpus"][1]["adapters"][1]))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_split_home, r": adapter 'a2': shares sum to 0\.5 over 1 home\(s\) \(gpu 1: 0\.5\); they "
+                  r"must sum to 1$"),
+    (_max_loras_zero, r": gpu 1: max_loras 0: must be an integer of at least 1"),
+    (_cpu_loras_low, r": gpu 1: max_cpu_loras 2: below the 3 adapter\(s\) served on this GPU"),
+    (_cpu_below_max_loras, r": gpu 1: max_cpu_loras 3: below max_loras 4"),
+    (_rank_above, r": gpu 0: adapter 'a0' rank 16: above the GPU's max_lora_rank 8"),
+    (_rank_not_vllm, r": gpu 0: max_lora_rank 24: not a rank vLLM accepts"),
+    (_no_gpus, r": no GPUs to deploy"),
+    (_twice, r": gpu 1: adapter 'a2': listed twice on this GPU"),
+])
+def test_bad_plans_are_refused_before_anything_is_written(tmp_path, capsys, split_plan, edit,
+                                                          message):
+    import re
+    d = _plan_dict(split_plan)
+    edit(d)
+    plan = tmp_path / "bad-plan.json"
+    plan.write_text(json.dumps(d))
+    out = tmp_path / "out"
+    assert main(["deploy", str(plan), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err                     # one line
+    assert err.startswith(f"error: {plan}: "), err
+    assert re.search(message, err.strip()), err
+    assert not out.exists()                               # no file left behind
+    # the library refuses the same plan (write_deployment as `optim plan` calls it)
+    from optim.deploy import load_plan
+    with pytest.raises(DeployError):
+        write_deployment(load_plan(plan), tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
+
+
+def test_plan_max_cpu_loras_is_honoured_when_valid(tmp_path, split_plan):
+    from optim.deploy import load_plan
+    d = _plan_dict(split_plan)
+    d["gpus"][1]["max_cpu_loras"] = 6
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    files = deployment_files(load_plan(path), DeployOptions(targets=("vllm-measured", "kserve")))
+    argv = json.loads(files["servers/gpu-1.json"])["argv"]
+    assert _flag(argv, "--max-cpu-loras") == "6"
+    svc = _objects(files["kserve/llminferenceservices.json"])[1]
+    assert svc["spec"]["model"]["lora"]["maxCpuAdapters"] == 6
+    assert _flag(json.loads(files["servers/gpu-0.json"])["argv"], "--max-cpu-loras") == "3"
+
+
+def test_solver_plans_pass_the_checks():
+    from optim.deploy import check_plan
+    for method in ("maxbase-half", "greedy"):
+        check_plan(solve(_inst(), method))
+
+
+# ----------------------------------------------------------------------------- write errors
+def test_read_only_output_names_the_file(tmp_path, capsys, split_plan, monkeypatch):
+    plan = tmp_path / "plan.json"
+    plan.write_text(split_plan.to_json())
+    out = tmp_path / "ro"
+    out.mkdir()
+    if os.geteuid() != 0:               # chmod binds: the first directory cannot be created
+        out.chmod(0o500)
+        try:
+            assert main(["deploy", str(plan), "--out", str(out)]) == 2
+        finally:
+            out.chmod(0o700)
+        err = capsys.readouterr().err
+        assert err == f"error: --out {out}/servers: cannot write: permission denied\n"
+        assert list(out.iterdir()) == []
+    # root ignores the mode: a read-only file system is simulated at the first script
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name == "gpu-0.sh":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert main(["deploy", str(plan), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out {out}/servers/gpu-0.sh: cannot write: read-only file system\n"
+    assert list(out.iterdir()) == []                       # what this run created is removed
+
+
+def test_full_disk_names_the_file(tmp_path, split_plan, monkeypatch):
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name == "routing.csv":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    out = tmp_path / "full"
+    with pytest.raises(DeployError) as e:
+        write_deployment(split_plan, out)
+    assert str(e.value) == f"--out {out}/routing.csv: cannot write: no space left on device"
+    assert not out.exists()
