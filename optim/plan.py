@@ -36,6 +36,7 @@ from .instance import Instance, InstanceError, instance_from_dict
 from .placement import GpuPlan, Placement
 
 DEFAULT_DURATION_S = 3600.0
+EXAMPLE_CSV = Path(__file__).resolve().parent.parent / "instances" / "examples" / "adapters.csv"
 CURVE_WINDOW_S = 600.0          # window of the report's curves (the verdict uses the plan's)
 CURVE_GPUS = 8                  # GPUs whose max_loras curve the report draws (busiest first)
 CAPACITY_ROUNDS = 7             # bisection rounds of a GPU's capacity (bracket / 128)
