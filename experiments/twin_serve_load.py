@@ -13,6 +13,7 @@ says (``twin_timing`` of the usage chunk). Prints the request count, the most re
 the server's largest lag behind the scaled clock (``twin:virtual_clock_lag_seconds``), and the
 client-minus-twin differences (median, p95, max; twin seconds and % of the twin's value).
 The difference is the wall overhead of client + HTTP, multiplied by the time scale.
+For 1,000 concurrent connections and a slow reader see ``experiments.twin_serve_soak``.
 
 ``--engine-only`` skips HTTP: the same workload goes through the online engine in pure virtual
 time (:func:`twin.serve.engine.replay`), and the script prints its speed in twin seconds per
@@ -141,6 +142,8 @@ def main(argv=None) -> int:
              "--lora-modules", *mods], stdout=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline()
+            if line.startswith("GPU KV cache size"):       # vLLM's start-up line comes first
+                line = proc.stdout.readline()
             m = re.fullmatch(r"listening on (\S+)\n", line)
             if not m:
                 print(f"error: twin serve did not start: {line!r}", file=sys.stderr)

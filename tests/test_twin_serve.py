@@ -751,3 +751,13 @@ def test_help_states_the_ranges():
     text = " ".join(build_parser().format_help().split())
     assert "in [0.001, 1000]" in text and ">= --max-num-seqs" in text
     assert "0.8.0 or later" in text and "non-empty" in text
+
+
+def test_soak_benchmark_runs_small(capsys):
+    """experiments.twin_serve_soak end to end at a small size (the full run: 1,000
+    connections, < 2 min)."""
+    from experiments.twin_serve_soak import main as soak
+    assert soak(["--connections", "60", "--tokens", "4", "--slow-seconds", "1.5",
+                 "--time-scale", "2", "--timeout", "40"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("soak: served 60/60, errors 0") and "slow reader aborted yes" in last

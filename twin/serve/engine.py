@@ -32,7 +32,7 @@ import numpy as np
 
 from ..adapter_cache import AdapterSlots
 from ..kernel import LORA_TILE
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, blocks_for
 from ..profile import GpuProfile
 from ..scheduler import RequestState, V1Scheduler
 from ..step_time import step_time_ms_py
@@ -127,6 +127,9 @@ class EngineCore:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.kv = KVCache(settings.kv_blocks, settings.block_size)
+        # load the compiled block count now: its first call (numba's cache, ~0.3-1 s) would
+        # otherwise stall the first request's step and show as lag behind the scaled clock
+        blocks_for(1, settings.block_size)
         self.sched = V1Scheduler(self.kv, settings.max_loras, settings.max_num_batched_tokens,
                                  settings.max_num_seqs)
         self.load_ms: dict[int, float] = {}
