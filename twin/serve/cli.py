@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPU profile: a shipped name (twin/profiles/<name>.json) or a JSON path")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback default)")
     p.add_argument("--port", type=int_at_least(0, 65535), default=8000,
-                   help="TCP port; 0 picks a free port")
+                   help="TCP port in [0, 65535]; 0 picks a free port")
     p.add_argument("--served-model-name", default=None,
                    help="name of the base model in the API (default: the profile's model); "
                         f"non-empty, at most {MAX_NAME_LEN} characters, no surrounding spaces")
@@ -82,16 +82,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM release to speak: /metrics names and buckets, /version, the error "
                         "body shape (default: the profile's measured release, 0.8.5 for the "
                         "shipped profiles); 0.8.0 or later (earlier releases default to the V0 "
-                        "engine); releases after 0.12 follow 0.12's names")
+                        "engine); releases after 0.12 follow 0.12's names. Only the API "
+                        "surface follows it: the scheduling rules and timing stay those of "
+                        "0.8.5, which the twin was checked against")
     p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
     p.add_argument("--max-loras", type=positive_int, default=1,
-                   help="GPU adapter slots = most distinct adapters in one batch (Amax)")
+                   help="GPU adapter slots = most distinct adapters in one batch (Amax); >= 1, "
+                        "and the profile must have a KV capacity for (--max-loras, "
+                        "--max-lora-rank), else vLLM would not start")
     p.add_argument("--max-cpu-loras", type=positive_int, default=None,
                    help="adapters kept in CPU memory (vLLM: >= --max-loras; default "
                         "--max-loras). The twin, like the batch twin, keeps every registered "
                         "adapter's CPU copy: set it to at least the number of adapters")
     p.add_argument("--max-lora-rank", type=positive_int, default=16,
-                   help="largest adapter rank; every slot is sized for it (a profile rank)")
+                   help="largest adapter rank; every slot is sized for it (one of the "
+                        "profile's ranks, 8/16/32 for the shipped profiles)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="most requests in a batch (default: the profile's value); in [1, "
                         f"{MAX_NUM_SEQS_MAX:,}] and <= --max-num-batched-tokens (as vLLM)")
@@ -108,7 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"in [{lo:g}, {hi:g}]: beyond ~200 this machine's engine cannot keep up "
                         "and the server only falls behind (twin:virtual_clock_lag_seconds)")
     p.add_argument("--seed", type=seed_type, default=0,
-                   help="seed of the output-length draws (requests without ignore_eos)")
+                   help="seed of the output-length draws (requests without ignore_eos); in [0, "
+                        "2**32 - 1]")
 
 
 def config_from_args(a: argparse.Namespace):

@@ -1,7 +1,8 @@
 """``/metrics`` of ``twin serve``: Prometheus text with vLLM's V1 metric names, per vLLM release.
 
 ``--vllm-version`` (default: the profile's measured release, 0.8.5) chooses the names, buckets and
-error-body shape where releases differ (:class:`VllmRelease`). What was read, in vLLM's
+error-body shape where releases differ (:class:`VllmRelease`); the scheduling rules and timing
+stay those of 0.8.5, which the twin was checked against. What was read, in vLLM's
 ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``) and elsewhere:
 
 - 0.8.x (a V1 ``loggers.py`` of the 0.8 line, and the 0.8.5 source distribution read earlier):

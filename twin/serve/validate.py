@@ -25,6 +25,11 @@ Fields vLLM does not know are ignored by vLLM with a warning in its log ("The fo
 were present in the request but ignored"); ``twin serve`` does the same (one warning per field
 name on stderr) and names them in the header ``X-Twin-Ignored-Fields``.
 
+Deliberately stricter than vLLM's pydantic models in one way: pydantic's lax mode turns a
+numeric string (``"temperature": "0.5"``) or an integral float (``"max_tokens": 5.0``) into the
+number, where ``twin serve`` refuses it by name (a client sending strings is almost always a
+bug that a real server would hide).
+
 The error message names the field first (``"temperature: ..."``) and ``param`` holds it (vLLM
 leaves ``param`` null; a client reading only ``message`` sees the same text).
 
