@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -155,6 +158,107 @@ def progress(iterable: Iterable[T] | None = None, *, total: int | None = None, d
                 dynamic_ncols=True, disable=quiet)
 
 
+# ----------------------------------------------------------------------------- interrupts
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, carrying the interrupted work's best result so far (``partial``, None
+    when there is none) so that a command can still write it (marked interrupted)."""
+
+    def __init__(self, partial: Any = None, note: str = "") -> None:
+        super().__init__(note)
+        self.partial = partial
+        self.note = note
+
+
+_ABANDONED: list[threading.Thread] = []   # solver threads still inside C code after Ctrl-C
+
+
+def run_interruptible(work: Callable[[], T], stop: Callable[[], object] | None = None,
+                      grace_s: float = 1.4) -> tuple[T | None, bool]:
+    """Run ``work()`` — one long call into C code (a CP-SAT or HiGHS solve) during which Python
+    cannot run its signal handlers — in a helper thread, so that Ctrl-C and SIGTERM reach the
+    main thread at once. On an interrupt ``stop()`` asks the solver to end its search (it is
+    called repeatedly: the solver may not have started yet) and ``work``'s result is awaited for
+    ``grace_s`` seconds. Returns ``(result, interrupted)``; the result is None when ``work`` did
+    not return in time (its thread is then abandoned, see ``run_command``) or failed after the
+    interrupt. Outside the main thread ``work()`` simply runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return work(), False
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as e:      # re-raised in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    # the solver thread may redirect the process's stdout/stderr while it runs (pyomo captures
+    # HiGHS's log at the descriptor level); an abandoned thread must not keep them
+    saved = _save_streams()
+    th = threading.Thread(target=target, name="solver", daemon=True)
+    th.start()
+    try:
+        # Event.wait, not Thread.join: an interrupted join marks the thread finished (3.11)
+        while not done.wait(0.05):
+            pass
+    except KeyboardInterrupt:
+        end = time.monotonic() + grace_s
+        while not done.is_set() and time.monotonic() < end:
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:       # the solver object may not exist yet
+                    pass
+            done.wait(0.05)
+        if not done.is_set():
+            _ABANDONED.append(th)
+            _restore_streams(saved)
+            return None, True
+        return (None if "error" in box else box.get("result")), True
+    finally:
+        if done.is_set():
+            _close_streams(saved)
+    if "error" in box:
+        raise box["error"]
+    return box.get("result"), False
+
+
+def _save_streams() -> tuple[Any, Any, list[int]]:
+    fds = []
+    for fd in (1, 2):
+        try:
+            fds.append(os.dup(fd))
+        except OSError:
+            fds.append(-1)
+    return sys.stdout, sys.stderr, fds
+
+
+def _restore_streams(saved: tuple[Any, Any, list[int]]) -> None:
+    out, err, fds = saved
+    for fd, copy in zip((1, 2), fds):
+        if copy >= 0:
+            try:
+                os.dup2(copy, fd)
+            except OSError:
+                pass
+    sys.stdout, sys.stderr = out, err
+
+
+def _close_streams(saved: tuple[Any, Any, list[int]]) -> None:
+    for copy in saved[2]:
+        if copy >= 0:
+            try:
+                os.close(copy)
+            except OSError:
+                pass
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 # ----------------------------------------------------------------------------- running
 def _interrupted(e: BaseException) -> bool:
     while e is not None:
@@ -166,7 +270,22 @@ def _interrupted(e: BaseException) -> bool:
 
 def run_command(func: Callable[[], int], interrupted_hint: str = "") -> int:
     """Run a command: errors that name their field become ``error: ...`` (exit 2), Ctrl-C a
-    one-line ``interrupted`` (exit 130), even when a compiled kernel wrapped it."""
+    one-line ``interrupted`` (exit 130), even when a compiled kernel wrapped it. SIGTERM is
+    handled as Ctrl-C while the command runs."""
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        except (ValueError, OSError):
+            old_term = None
+    try:
+        return _run(func, interrupted_hint)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _run(func: Callable[[], int], interrupted_hint: str) -> int:
     try:
         return func()
     except KeyboardInterrupt:
@@ -184,4 +303,13 @@ def run_command(func: Callable[[], int], interrupted_hint: str = "") -> int:
         if not _interrupted(e):
             raise
     print("interrupted" + (f"; {interrupted_hint}" if interrupted_hint else ""), file=sys.stderr)
+    if any(th.is_alive() for th in _ABANDONED):
+        # a solver thread is still inside C code: exiting normally would run the C++ runtime's
+        # teardown under it (abort); leave at once, output flushed
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED

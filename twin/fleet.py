@@ -134,15 +134,31 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
     ex = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_leave_ctrl_c_to_parent)
     try:
         return FleetResult(shown(ex.map(_simulate_one, jobs)))
-    finally:   # on Ctrl-C: drop the GPUs not started, wait only for the running ones
+    except KeyboardInterrupt:   # Ctrl-C / SIGTERM: a running replay may take minutes; end it
+        terminate_workers(ex)
+        raise
+    finally:   # drop the GPUs not started
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def terminate_workers(ex: ProcessPoolExecutor) -> None:
+    """Stop the worker processes of ``ex`` now (SIGTERM, which they leave at its default:
+    a worker inside the compiled kernel would not run a Python handler)."""
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        try:
+            proc.terminate()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def _leave_ctrl_c_to_parent() -> None:
     """Worker start-up: Ctrl-C reaches the parent, which stops the fleet; a worker interrupted
-    inside the compiled kernel would print a traceback of its own."""
+    inside the compiled kernel would print a traceback of its own. SIGTERM gets its default
+    action back (the parent's handler turns it into Ctrl-C, which a worker must not do), so
+    that the parent can end a worker at once."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # ------------------------------------------------------------------------------ backends

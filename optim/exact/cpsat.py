@@ -22,6 +22,8 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from twin.cli_support import Interrupted, run_interruptible
+
 from .common import (Effective, SolveResult, assign_slots, default_threads, effective,
                      warm_start_solution)
 from .problem import PackingProblem
@@ -278,15 +280,32 @@ def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | No
     s.parameters.num_workers = int(threads or default_threads())
     s.parameters.random_seed = int(seed)
     s.parameters.log_search_progress = verbose
+    # Ctrl-C / SIGTERM: Python's handler (not CP-SAT's, which would swallow it) raises in the
+    # main thread while the search runs in a helper thread; StopSearch ends it with the best
+    # solution so far, returned in ``Interrupted.partial``
+    s.parameters.catch_sigint_signal = False
     build_s = time.perf_counter() - t0
-    st = s.Solve(m)
+    st, interrupted = run_interruptible(lambda: s.Solve(m), s.StopSearch)
     wall = time.perf_counter() - t0
-    details = {"termination": s.StatusName(st), "build_s": build_s}
+    if interrupted:
+        r = None
+        if st is not None:
+            r = _result(P, E, v, s, st, scale, wall, start is not None,
+                        {"termination": s.StatusName(st) + " (interrupted)", "build_s": build_s,
+                         "interrupted": True})
+        raise Interrupted(r, "cpsat search interrupted")
+    return _result(P, E, v, s, st, scale, wall, start is not None,
+                   {"termination": s.StatusName(st), "build_s": build_s})
+
+
+def _result(P: PackingProblem, E: Effective, v: Vars, s, st, scale: float, wall: float,
+            warm: bool, details: dict) -> SolveResult:
+    """The ``SolveResult`` of a finished (or stopped) search."""
     if st == cp_model.INFEASIBLE:
-        return SolveResult("cpsat", "infeasible", None, None, wall, (), start is not None, details)
+        return SolveResult("cpsat", "infeasible", None, None, wall, (), warm, details)
     bound = s.BestObjectiveBound() / scale
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult("cpsat", "unknown", None, bound, wall, (), start is not None, details)
+        return SolveResult("cpsat", "unknown", None, bound, wall, (), warm, details)
     obj = s.ObjectiveValue() / scale
     gpus = []
     shares = []
@@ -308,4 +327,4 @@ def solve_cpsat(P: PackingProblem, time_limit_s: float = 60.0, threads: int | No
     if P.objective == "cost":
         obj = sum(P.types[t].price for t, _, _ in gpus)
     return SolveResult("cpsat", status, float(obj), float(bound), wall, tuple(gpus),
-                       start is not None, details, tuple(shares))
+                       warm, details, tuple(shares))

@@ -50,6 +50,8 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
+from twin.cli_support import Interrupted, run_interruptible
+
 from ..instance import Instance
 from ..placement import GpuMetrics, Placement, plan_gpu
 from ..verify import verify as twin_verify
@@ -363,7 +365,66 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
                 method_name: str | None = None, given: Placement | None = None) -> Placement:
     """Exact placement with the twin in the loop (module docstring). ``given``: a placement to
     start from instead of running the heuristic (used as warm start when the model admits it,
-    and as the twin-accepted incumbent when it was verified and accepted)."""
+    and as the twin-accepted incumbent when it was verified and accepted).
+
+    Ctrl-C or SIGTERM (``KeyboardInterrupt``) at any step raises
+    ``twin.cli_support.Interrupted`` whose ``partial`` is the best placement known at that
+    moment (see ``_interrupted_best``), or None when there is none yet."""
+    state: dict[str, Any] = {"starts": []}
+    try:
+        return _solve_exact(inst, objective, solver, time_limit_s, threads, warm_start, verify,
+                            duration_s, workers, max_iterations, cut_mode, models, problem,
+                            bounds, method_name, given, state)
+    except KeyboardInterrupt as e:
+        best = _interrupted_best(inst, state, e)
+        raise Interrupted(best, "exact search interrupted") from None
+
+
+def _interrupted_best(inst: Instance, state: dict[str, Any], e: KeyboardInterrupt
+                      ) -> Placement | None:
+    """The best placement known when the search was interrupted, marked interrupted
+    (``params["interrupted"]``, a note): among the solver's best solution so far (the partial
+    result of an interrupted CP-SAT/HiGHS search), the last model placement the twin did not
+    reject, the twin-accepted incumbent and the best start the model admits, the one of least
+    objective value (the incumbent on ties); None before any exists."""
+    obj, method, P = state.get("obj"), state.get("method"), state.get("P")
+    if obj is None or P is None:
+        return None
+    Pc = state.get("Pc") or P
+    cands: list[tuple[Placement, str]] = []
+    if state.get("incumbent") is not None:
+        cands.append((state["incumbent"].with_(method=method), "the twin-accepted start"))
+    partial = getattr(e, "partial", None)
+    if isinstance(partial, SolveResult) and partial.gpus:
+        cands.append((to_placement(inst, Pc, partial, method), "the solver's best solution so "
+                      "far (not replayed in the twin)"))
+    last = state.get("placement")
+    if last is not None and last.gpus and last.verdict != "rejected":
+        cands.append((last, "the last solved placement"))
+    E = effective(P)
+    for name, sol in state["starts"]:
+        m = warm_start_solution(P, E, sol)
+        if m is not None:
+            r = SolveResult(state.get("solver", method), "feasible", solution_value(P, sol), None,
+                            0.0, tuple((t, E.orig[t][p], items) for t, p, items in m), True,
+                            {"termination": "interrupted"})
+            cands.append((to_placement(inst, P, r, method), f"the {name} start"))
+    if not cands:
+        return None
+    best, what = min(cands, key=lambda c: obj.value(c[0]))
+    status = best.status if best.status in ("solved", "failed") else "solved"
+    return best.with_(status=status, objective=obj.name, objective_value=obj.value(best),
+                      params={**best.params, "interrupted": True, "interrupted_source": what},
+                      notes=best.notes + (f"interrupted (Ctrl-C or SIGTERM): returning {what}",))
+
+
+def _solve_exact(inst: Instance, objective, solver: str, time_limit_s: float | None,
+                 threads: int | None, warm_start: bool, verify: bool, duration_s: float | None,
+                 workers: int | None, max_iterations: int | None, cut_mode: str,
+                 models: dict[str, Any] | None, problem: PackingProblem | None, bounds: bool,
+                 method_name: str | None, given: Placement | None,
+                 state: dict[str, Any]) -> Placement:
+    """``solve_exact``'s work; records what an interrupt may return in ``state``."""
     from ..objectives import make_objective
 
     if solver not in ("milp", "cpsat"):
@@ -381,6 +442,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     t_start = time.perf_counter()
     deadline = t_start + tl
     P = problem or build_problem(inst, obj.name, getattr(obj, "gpu_budget", None), models=models)
+    state.update(obj=obj, method=method, solver=solver, P=P)
     sources = sorted({t.source for t in P.types})
     constant = all(t.source == "constant" for t in P.types)
     if P.splits and cut_mode != "capacity":
@@ -402,7 +464,8 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     params["bounds"] = b.to_dict()
     if P.objective == "gpus":
         P = replace(P, gpu_lower_bound=int(b.best))
-    starts: list[tuple[str, list]] = []        # solutions the model admits, as hints
+        state["P"] = P
+    starts: list[tuple[str, list]] = state["starts"]   # solutions the model admits, as hints
     ff = best_start(P) if warm_start else None
     if ff is not None:
         starts.append(ff)
@@ -429,6 +492,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
         if verify and hplace is not None and hplace.verdict == "accepted" \
                 and hplace.status in ("solved", "optimal"):
             incumbent = hplace
+            state["incumbent"] = incumbent
     split_given: list[tuple[str, list]] = []       # a split heuristic placement, as a start
     if P.splits and hplace is not None and hplace.gpus:
         sg = _as_split(P, hplace)
@@ -459,6 +523,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             ffc = best_start(Pc)
             if ffc is not None:
                 it_starts.append(ffc)
+        state["Pc"] = Pc
         r, how = _model_solve(Pc, solver, deadline, threads, it_starts, inst.seed,
                               split_given if warm_start else ())
         if Pc.splits and r.gpus:            # same homes, most balanced routing weights
@@ -472,6 +537,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             placement = to_placement(inst, Pc, r, method)
             break
         placement = to_placement(inst, Pc, r, method)
+        state["placement"] = placement
         if not verify:
             iterations.append(rec)
             break
@@ -489,6 +555,7 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
             break
         t_rep = time.perf_counter()
         placement = twin_verify(placement, inst, duration_s=duration_s, workers=workers)
+        state["placement"] = placement
         replay_s = (time.perf_counter() - t_rep) / max(1, math.ceil(
             placement.n_gpus / max(1, workers or _threads())))
         rec["verdict"] = placement.verdict

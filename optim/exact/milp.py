@@ -16,11 +16,14 @@ x[i,g]`` and the model is unchanged.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Sequence
 
 import pyomo.environ as pyo
+
+from twin.cli_support import Interrupted, run_interruptible
 
 from .common import (Effective, SolveResult, assign_slots, default_threads, effective,
                      warm_start_solution)
@@ -306,20 +309,78 @@ def solve_milp(P: PackingProblem, time_limit_s: float = 60.0, threads: int | Non
                        "mip_rel_gap": mip_gap, "mip_abs_gap": 1e-6 if P.objective != "gpus"
                        else 0.99}
     build_s = time.perf_counter() - t0
-    res = s.solve(m)
+    # Ctrl-C / SIGTERM: HiGHS runs in a helper thread so that Python's handler raises in the
+    # main thread; cancelSolve makes HiGHS's interrupt callback end the search with its best
+    # solution so far, returned in ``Interrupted.partial``
+    s.set_instance(m)         # Python work, interruptible here; the thread only solves
+    uc = s.update_config      # the model is loaded: nothing to re-check before the solve
+    for flag in ("check_for_new_or_removed_constraints", "check_for_new_or_removed_vars",
+                 "check_for_new_or_removed_params", "check_for_new_objective",
+                 "update_constraints", "update_vars", "update_params",
+                 "update_named_expressions", "update_objective"):
+        if hasattr(uc, flag):
+            setattr(uc, flag, False)
+    res, interrupted = run_interruptible(lambda: s.solve(m), lambda: _cancel(s))
     wall = time.perf_counter() - t0
+    if interrupted:
+        r = None
+        if res is not None:
+            _keep_incumbent(s, res)
+            r = _result(m, P, E, res, relax, wall, start is not None,
+                        {"termination": f"{res.termination_condition} (interrupted)",
+                         "build_s": build_s, "interrupted": True})
+        raise Interrupted(r, "milp search interrupted")
+    return _result(m, P, E, res, relax, wall, start is not None,
+                   {"termination": str(res.termination_condition), "build_s": build_s})
+
+
+def _cancel(s) -> None:
+    """Ask the appsi HiGHS solver ``s`` to stop (its highspy object exists once the model is
+    loaded; pyomo enables highspy's interrupt callback for HiGHS >= 1.8)."""
+    h = getattr(s, "_solver_model", None)
+    if h is not None:
+        h.cancelSolve()
+
+
+def _keep_incumbent(s, res) -> None:
+    """pyomo reports HiGHS's ``kInterrupt`` as ``unknown`` and drops the incumbent: take it
+    back, as for a time limit, when HiGHS holds a valid solution."""
+    from pyomo.contrib.appsi.base import TerminationCondition as TC
+    sol, h = getattr(s, "_sol", None), getattr(s, "_solver_model", None)
+    if res.best_feasible_objective is not None or h is None or sol is None \
+            or not sol.value_valid:
+        return
+    info = h.getInfo()
+    res.best_feasible_objective = info.objective_function_value
+    res.termination_condition = TC.maxTimeLimit
+    if info.mip_node_count != -1:
+        res.best_objective_bound = info.mip_dual_bound
+
+
+class _NoInterruptWarning(logging.Filter):
+    """pyomo warns about HiGHS's ``kInterrupt`` status, which here is our own Ctrl-C."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "kInterrupt" not in record.getMessage()
+
+
+logging.getLogger("pyomo.contrib.appsi.solvers.highs").addFilter(_NoInterruptWarning())
+
+
+def _result(m, P: PackingProblem, E: Effective, res, relax: bool, wall: float, warm: bool,
+            details: dict) -> SolveResult:
+    """The ``SolveResult`` of a finished (or stopped) HiGHS solve."""
     from pyomo.contrib.appsi.base import TerminationCondition as TC
     tc = res.termination_condition
-    details = {"termination": str(tc), "build_s": build_s, "n_vars": m.nvariables(),
-               "n_cons": m.nconstraints()}
+    details = {**details, "n_vars": m.nvariables(), "n_cons": m.nconstraints()}
     if tc == TC.infeasible:
-        return SolveResult("milp", "infeasible", None, None, wall, (), start is not None, details)
+        return SolveResult("milp", "infeasible", None, None, wall, (), warm, details)
     obj = res.best_feasible_objective
     bound = res.best_objective_bound
     if bound is not None and (math.isinf(bound) or math.isnan(bound)):
         bound = None
     if obj is None or (isinstance(obj, float) and math.isinf(obj)):
-        return SolveResult("milp", "unknown", None, bound, wall, (), start is not None, details)
+        return SolveResult("milp", "unknown", None, bound, wall, (), warm, details)
     res.solution_loader.load_vars()
     if relax:
         return SolveResult("milp-lp", "optimal", float(obj), float(obj), wall, (), False, details)
@@ -339,7 +400,7 @@ def solve_milp(P: PackingProblem, time_limit_s: float = 60.0, threads: int | Non
         bound = float(obj) if bound is None else bound
     if P.objective in ("gpus",) and bound is not None:
         bound = math.ceil(bound - 1e-6)
-    return SolveResult("milp", status, float(obj), bound, wall, tuple(gpus), start is not None,
+    return SolveResult("milp", status, float(obj), bound, wall, tuple(gpus), warm,
                        details, tuple(out_shares))
 
 
