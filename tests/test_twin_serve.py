@@ -761,3 +761,13 @@ def test_soak_benchmark_runs_small(capsys):
                  "--time-scale", "2", "--timeout", "40"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("soak: served 60/60, errors 0") and "slow reader aborted yes" in last
+
+
+def test_json_depth_bound_skips_strings_and_escapes():
+    from twin.serve.validate import MAX_JSON_DEPTH, json_depth_ok
+    n = MAX_JSON_DEPTH
+    assert json_depth_ok(b"[" * n + b"]" * n) and not json_depth_ok(b"[" * (n + 1) + b"]" * (n + 1))
+    deep_value = json.dumps({"a": "x\\", "q": 'say "[[["', "b": [[[[1]]]]}).encode()
+    assert json_depth_ok(deep_value, 5) and not json_depth_ok(deep_value, 4)
+    in_string = json.dumps({"p": "[{" * 10_000 + '\\"' + "[" * 100}).encode()
+    assert json_depth_ok(in_string)
