@@ -4,9 +4,10 @@ manifests, for named release lines (*targets*).
 A plan (``optim solve --json``) says which adapters each GPU serves, with routing shares, and
 which Amax / max rank it runs. Before anything is built or written the plan is checked as the
 solver's own output is (``check_plan``): at least one GPU; per GPU ``max_loras`` >= 1,
-``max_lora_rank`` one of the ranks vLLM accepts, every adapter's rank at most that, no adapter
-twice, shares in (0, 1], ``max_cpu_loras`` (when the plan gives one) at least the GPU's adapters
-and ``max_loras``; per adapter the shares of its homes sum to 1 (within 1e-6). A plan the twin
+``max_lora_rank`` one of the ranks both vLLM releases accept (``VLLM_RANKS``: 8 ... 512),
+every adapter's rank at most that, no adapter twice, shares in (0, 1], ``max_cpu_loras`` (when
+the plan gives one) at least the GPU's adapters and ``max_loras``; per adapter the shares of
+its homes sum to 1 (within 1e-6). A plan the twin
 rejected is refused unless ``allow_rejected``. Errors name the plan, the GPU or adapter, the
 field and the reason, and no file is written.
 
@@ -138,7 +139,8 @@ VLLM_RELEASES = {
         "(not used here)",
         "--max-cpu-loras, --max-loras, --max-lora-rank, --enable-chunked-prefill and "
         "--no-enable-prefix-caching keep their names; chunked prefill and prefix caching are "
-        "on by default, so both are written explicitly")),
+        "on by default (both written explicitly), and turning chunked prefill off is no longer "
+        "officially supported for generative models")),
 }
 # ranks every release above accepts: a plan is checked against these
 VLLM_RANKS = tuple(sorted(set.intersection(*(set(r.ranks) for r in VLLM_RELEASES.values()))))
@@ -648,7 +650,8 @@ def kserve_manifests(p: Placement, names: Sequence[Sequence[str]], model_id: str
             if n == model_id:
                 raise DeployError(f"gpu {i}: adapter name {n!r} equals the base model name; "
                                   "KServe requires them to differ")
-        name = k8s_name(f"{pool}-{server_name(i)}", 63)
+        # the name becomes Service/Deployment names: a DNS label (no dots, <= 63)
+        name = k8s_name(f"{pool}-{server_name(i)}".replace(".", "-"), 63)
         items.append({
             "apiVersion": KSERVE_API, "kind": "LLMInferenceService",
             "metadata": _meta(name, namespace, verdict, {LABEL_POOL: pool,
@@ -683,7 +686,8 @@ def llmd_config(pool: str, namespace: str, verdict: str) -> dict[str, Any]:
            "schedulingProfiles": [{"name": "default", "plugins": [
                *({"pluginRef": t, "weight": w} for t, w in LLMD_SCORER_WEIGHTS),
                {"pluginRef": "max-score-picker"}]}]}
-    note = ("lora-affinity-scorer is a preference, not a filter: the endpoint picker may send a "
+    note = ("mount data['epp-config.yaml'] as the endpoint picker's --config-file; "
+            "lora-affinity-scorer is a preference, not a filter: the endpoint picker may send a "
             "served name to a server of the pool that does not hold it (vLLM answers 404 unless "
             "runtime LoRA loading is on); the plan's homes are exact only where a served name "
             "is loaded on its home alone, as the twin assumes")
