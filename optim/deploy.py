@@ -40,8 +40,10 @@ control plane.
   (``InferencePool`` ``inference.networking.k8s.io/v1``, release v1.6.0: ``selector.matchLabels``,
   ``targetPorts`` — the plan's ports, at most 8 —, ``endpointPickerRef``),
   ``gateway/inferenceobjectives.json`` (one ``InferenceObjective``
-  ``inference.networking.x-k8s.io/v1alpha2`` per adapter, priority 0; the per-model object since
-  ``InferenceModel`` was dropped; its CRD left GIE in v1.6.0 for the llm-d inference scheduler)
+  ``inference.networking.x-k8s.io/v1alpha2`` per adapter, priority 0, named after it; the
+  per-model object since ``InferenceModel`` was dropped, chosen by a request's
+  ``x-gateway-inference-objective`` header; its CRD left GIE in v1.6.0 for the llm-d inference
+  scheduler)
   and ``gateway/inferencemodelrewrites.json`` (one ``InferenceModelRewrite`` per split adapter:
   requests for ``<id>`` go to its homes' served names with their weights; not written when no
   adapter is split).
