@@ -166,7 +166,7 @@ def write_results(path: Path = RESULTS_MD) -> None:
     head = commit()
     lines = ["# Results", "",
              "Written by `python -m experiments.report` from the stored runs in "
-             "`results/report/` (rerun a study with `python -m experiments.report --only NAME "
+             "`experiments/evidence/` (rerun a study with `python -m experiments.report --only NAME "
              "--rerun`). Each figure is the last line its command printed; the commit, date, "
              "machine and load average say where it was measured. "
              f"This file was written at commit {head}.", ""]

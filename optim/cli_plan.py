@@ -32,7 +32,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
         pool = [parse_pool(x) for x in a.pool or ()]
         inst = plan_instance(a.adapters, a.gpu, a.model, pool, a.objective, a.duration, a.seed,
                              a.name, a.max_homes)
-        res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force, a.quiet)
+        from .cli_deploy import deploy_targets
+        from .deploy import DeployOptions
+        targets = deploy_targets(a.target)
+        res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force, a.quiet,
+                        DeployOptions(targets=targets, allow_rejected=a.allow_rejected))
     except PlanError as e:
         raise CliError(str(e)) from None
     for line in summary_lines(res, out):
@@ -80,6 +84,13 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
                    help="processes for the twin replays (default: all cores)")
     s.add_argument("--out", default="plan", help="plan folder (refused when it holds files, "
                                                  "unless --force)")
+    from .deploy import DEFAULT_TARGETS, target_help
+    s.add_argument("--target", action="append", default=None, metavar="TARGET[,TARGET...]",
+                   help=f"release lines of the deployment files (default: "
+                        f"{','.join(DEFAULT_TARGETS)}); {target_help()}")
+    s.add_argument("--allow-rejected", action="store_true",
+                   help="write the deployment files even when the twin rejects the placement "
+                        "(they record twin_verdict=rejected)")
     s.add_argument("--force", action="store_true", help="write into a non-empty --out folder")
     s.add_argument("--quiet", action="store_true", help="no stage lines or progress bars")
     s.set_defaults(func=cmd_plan)

@@ -358,10 +358,11 @@ def write_png(path: Path, p: Placement, curves: Sequence[GpuCurve], thr: float,
 
 def _first_command(deploy_files: Sequence[str], out_dir: Path | None) -> str | None:
     """GPU 0's server command from its script, without comments (None when absent)."""
-    if out_dir is None or "servers/gpu-0.sh" not in deploy_files:
+    first = next((f for f in deploy_files if f.endswith("/gpu-0.sh")), None)
+    if out_dir is None or first is None:
         return None
     try:
-        text = (out_dir / "servers" / "gpu-0.sh").read_text(encoding="utf-8")
+        text = (out_dir / first).read_text(encoding="utf-8")
     except OSError:
         return None
     body = [x for x in text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
@@ -403,8 +404,9 @@ def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCur
                  [f"- repair: {r}" for r in p.repairs]
     cmd = _first_command(deploy_files, out_dir)
     if cmd:
+        first = next(f for f in deploy_files if f.endswith("/gpu-0.sh"))
         lines += ["", "## Deploy", "", "Each GPU runs one vLLM server; GPU 0's command "
-                  "(`servers/gpu-0.sh`; the others differ in device, port, adapters and flags):",
+                  f"(`{first}`; the others differ in device, port, adapters and flags):",
                   "", "```bash", cmd, "```"]
     lines += ["", "## Files", "",
               "- `placement.json`: the full placement record (per-GPU twin metrics, claim, bound)"]
@@ -465,6 +467,9 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
         else:
             say(f"[1/4] measuring twin limits for this lengths model and {dur:g} s window, once "
                 f"(then cached): ~{_limit_estimate_s(inst, dur):.0f} s")
+            stale = stale_shipped_limits()
+            if stale:
+                say(f"      note: {stale}")
         bound = twin_lower_bound(inst, dur, workers)
         say(f"      at least {bound.best} GPU(s) ({time.perf_counter() - t0:.1f} s)")
     else:
@@ -495,15 +500,18 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
     stages["report curves"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     say(f"[4/4] writing {out}/")
-    opts = deploy_opts if deploy_opts is not None else DeployOptions(
-        allow_rejected=p.verdict == "rejected")
+    opts = deploy_opts if deploy_opts is not None else DeployOptions()
     out.mkdir(parents=True, exist_ok=True)
     record = json.loads(p.to_json())
     record["claim_text"] = claim_text(p, bound)
     record["twin_lower_bound"] = bound.to_dict() if bound is not None else None
     files = [out / "placement.json"]
     files[0].write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    files += write_deployment(p.with_(), out, opts, force=True)
+    if p.verdict == "rejected" and not opts.allow_rejected:
+        say("      the twin rejected the placement: no deployment files (the report says which "
+            "GPUs starve; --allow-rejected writes them, marked rejected)")
+    else:
+        files += write_deployment(p, out, opts, force=True)
     write_png(out / "report.png", p, curves, inst.starvation_threshold, bound, CURVE_WINDOW_S)
     stages["files"] = time.perf_counter() - t3
     deploy_rel = [str(f.relative_to(out)) for f in files[1:]]
@@ -511,6 +519,19 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
                                    encoding="utf-8")
     files += [out / "report.png", out / "report.md"]
     return PlanResult(inst, p, bound, tuple(curves), tuple(files), stages)
+
+
+def stale_shipped_limits() -> str | None:
+    """A sentence when the shipped limits were measured on another twin (their fingerprints
+    differ from the current twin's), else None."""
+    from .shipped_limits import read_meta, shipped_fingerprints
+    have = read_meta().get("twin_fingerprints", {})
+    now = shipped_fingerprints()
+    if have == now:
+        return None
+    return ("the shipped limits (optim/data/carry_limits.json) predate this twin "
+            f"(fingerprints {have or 'not recorded'} vs {now}); regenerate them with "
+            "python -m optim.shipped_limits")
 
 
 def _limit_estimate_s(inst: Instance, dur: float) -> float:

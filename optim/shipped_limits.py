@@ -61,6 +61,22 @@ def _lengths(spec):
     return inst.lengths
 
 
+def write_shipped(work: Path, out: Path, argv: Sequence[str] | None) -> None:
+    """Write the generic limits of the work cache to ``out`` with ``_meta`` (atomically)."""
+    cache = json.loads((work / "carry_limits.json").read_text())
+    generic = {k: v for k, v in cache.items() if ":" not in k and k != META_KEY}
+    generic[META_KEY] = {"twin_fingerprints": shipped_fingerprints(),
+                         "command": "python -m optim.shipped_limits " + " ".join(
+                             argv if argv is not None else sys.argv[1:]),
+                         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                         "limits": len(generic)}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(generic, indent=0, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+    print(f"wrote {out}: {len(generic) - 1} limits; twin fingerprints "
+          f"{generic[META_KEY]['twin_fingerprints']}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m optim.shipped_limits",
                                  description=__doc__.split("\n")[0])
@@ -96,20 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for x in a.instances:
         q = Path(x)
         paths += sorted(q.glob("*.json")) if q.is_dir() else [q]
+    write_shipped(work, out, argv)
     for path in tqdm(paths, desc="instance bounds", unit="inst"):
         twin_lower_bound(load_instance(path), None, a.workers)
-    cache = json.loads((work / "carry_limits.json").read_text())
-    generic = {k: v for k, v in cache.items() if ":" not in k}
-    generic[META_KEY] = {"twin_fingerprints": shipped_fingerprints(),
-                         "command": "python -m optim.shipped_limits " + " ".join(
-                             argv if argv is not None else sys.argv[1:]),
-                         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-                         "limits": len(generic)}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(generic, indent=0, sort_keys=True) + "\n")
-    os.replace(tmp, out)
-    print(f"wrote {out}: {len(generic) - 1} limits; twin fingerprints "
-          f"{generic[META_KEY]['twin_fingerprints']}")
+        write_shipped(work, out, argv)
     return 0
 
 
