@@ -771,3 +771,10 @@ def test_json_depth_bound_skips_strings_and_escapes():
     assert json_depth_ok(deep_value, 5) and not json_depth_ok(deep_value, 4)
     in_string = json.dumps({"p": "[{" * 10_000 + '\\"' + "[" * 100}).encode()
     assert json_depth_ok(in_string)
+
+
+def test_unknown_field_names_cannot_inject_headers(server):
+    body = {**CMPL, "a\r\nX-Evil: 1": 1, "tempé": 2}
+    status, _, headers = _post_raw(server.url + "/v1/completions", json.dumps(body).encode())
+    assert status == 200 and "X-Evil" not in headers
+    assert headers["X-Twin-Ignored-Fields"] == "a%0D%0AX-Evil:%201,temp%C3%A9"

@@ -45,6 +45,7 @@ import math
 import re
 import sys
 from typing import Any, Callable
+from urllib.parse import quote
 
 import numpy as np
 
@@ -308,9 +309,19 @@ def check_request(body: dict, chat: bool) -> tuple[list[str], list[str]]:
         raise bad("continue_final_message", "Cannot set both `continue_final_message` and "
                                              "`add_generation_prompt` to True.")
     if unknown:
+        unknown = [safe_name(f) for f in unknown[:MAX_LISTED]]
         new = [f for f in unknown if f not in _warned]
-        if new:
+        if new and len(_warned) < 10_000:
             _warned.update(new)
             print(f"warning: the following fields were present in the request but ignored "
                   f"(as vLLM does): {', '.join(sorted(new))}", file=sys.stderr, flush=True)
     return not_modelled, unknown
+
+
+MAX_LISTED = 32          # unknown field names named per response
+
+
+def safe_name(name: str) -> str:
+    """A client's field name as printable ASCII for a header or a log line (percent-encoded,
+    at most 64 characters): a name is the client's text, not ours to echo raw."""
+    return quote(name[:64], safe="_.-:")
