@@ -778,3 +778,36 @@ def test_unknown_field_names_cannot_inject_headers(server):
     status, _, headers = _post_raw(server.url + "/v1/completions", json.dumps(body).encode())
     assert status == 200 and "X-Evil" not in headers
     assert headers["X-Twin-Ignored-Fields"] == "a%0D%0AX-Evil:%201,temp%C3%A9"
+
+
+def test_no_field_value_makes_a_500(server):
+    """Every field vLLM knows, with values of every JSON type: 200, or a 400/404 error body,
+    never a server error."""
+    from twin.serve.validate import CHAT as CHAT_FIELDS
+    from twin.serve.validate import COMPLETION as COMPLETION_FIELDS
+    values = [None, -1, 1.5, float("nan"), "x", [1], ["a"], {"a": 1}, True, 2**70]
+    messages = [[{"role": "user", "content": [{"type": "text", "text": 5}]}],
+                [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                [{"content": "no role"}], [{"role": "user", "content": 5}]]
+    cases = []
+    for route, table, base in (("completions", COMPLETION_FIELDS, CMPL),
+                               ("chat/completions", CHAT_FIELDS, CHAT)):
+        for f in table:
+            cases += [(route, {**base, f: v}) for v in values]
+    cases += [("chat/completions", {**CHAT, "messages": m}) for m in messages]
+
+    async def fire():
+        sem = asyncio.Semaphore(32)
+        async with aiohttp.ClientSession() as s:
+            async def one(route, body):
+                async with sem:
+                    async with s.post(server.url + f"/v1/{route}",
+                                      data=json.dumps(body)) as r:
+                        raw = await r.read()           # 200: JSON or an SSE stream
+                        return r.status, (json.loads(raw) if r.status != 200 else None)
+            return await asyncio.wait_for(asyncio.gather(*[one(*c) for c in cases]), 60)
+
+    for (route, body), (status, d) in zip(cases, asyncio.run(fire())):
+        assert status in (200, 400, 404), (route, body, status, d)
+        if status != 200:
+            assert d["object"] == "error" and d["code"] == status, (route, body, d)

@@ -533,16 +533,23 @@ def _chat_prompt_tokens(messages: Any) -> int:
         raise ApiError(400, "messages: messages must be a non-empty list.", param="messages")
     total = CHAT_TOKENS_FIXED
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'.",
-                           param="messages")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages: messages[{i}] must be an object with a string "
+                                "'role' and 'content'.", param="messages")
         content = m.get("content") or ""
         if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content
-                              if isinstance(p, dict) and p.get("type") == "text")
+            texts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise ApiError(400, f"messages: messages[{i}].content[{j}]: only text parts "
+                                        "({'type': 'text', 'text': str}) are supported by twin "
+                                        "serve (no images, audio or files)", param="messages")
+                texts.append(part["text"])
+            content = "".join(texts)
         if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string or a list of text "
-                                "parts.", param="messages")
+            raise ApiError(400, f"messages: messages[{i}].content must be a string or a list of "
+                                "text parts.", param="messages")
         total += CHAT_TOKENS_PER_MESSAGE + (estimate_text_tokens(content) if content else 0)
     return total
 
