@@ -1,7 +1,8 @@
 """``twin serve``: an OpenAI-compatible vLLM stand-in whose timing comes from the twin.
 
 Modules: ``engine`` (the online twin engine on a virtual clock), ``app`` (HTTP routes),
-``metrics`` (Prometheus ``/metrics`` with vLLM's names), ``adapters`` (LoRA module registry),
+``validate`` (request checks as vLLM's OpenAI server does them), ``metrics`` (Prometheus
+``/metrics`` with the names of a chosen vLLM release), ``adapters`` (LoRA module registry),
 ``cli`` (``python -m twin serve`` / ``python -m twin.serve``). In Python::
 
     from twin.serve.app import ServeConfig, TwinServer
