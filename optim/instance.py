@@ -63,6 +63,7 @@ from typing import Any, Mapping, Sequence
 
 from twin.lengths import LengthModel, default_lengths, length_model_from_dict, sharegpt_lengths
 from twin.cli_support import SEED_MAX
+from twin.identifiers import identifier
 from twin.limits import MAX_DURATION_S, MAX_REQUESTS_PER_SERVER
 from twin.profile import GpuProfile, load_profile
 from twin.workload import Adapter, load_adapters_csv
@@ -253,10 +254,15 @@ def _num(src: str, path: str, v: Any, *, lo: float | None = None, lo_open: bool 
     return v
 
 
-def _str(src: str, path: str, v: Any) -> str:
+def _str(src: str, path: str, v: Any, what: str = "name") -> str:
+    """A non-empty name, NFC-normalised, without control or format characters
+    (``twin.identifiers``: it is printed into tables, plans and deployment files)."""
     if not isinstance(v, str) or not v.strip():
         raise InstanceError(src, path, f"must be a non-empty string, got {v!r}")
-    return v
+    try:
+        return identifier(v, what)
+    except ValueError as e:
+        raise InstanceError(src, path, str(e)) from None
 
 
 def _unknown(src: str, path: str, d: Mapping[str, Any], allowed: set[str]) -> None:
@@ -301,7 +307,7 @@ def _adapters(src: str, v: Any, base_dir: Path | None) -> tuple[Adapter, ...]:
             raise InstanceError(src, path, f"must be an object {{id, rank, rate}}, got {a!r}")
         _unknown(src, path, a, {"id", "rank", "rate"})
         _missing(src, path, a, ("id", "rank", "rate"))
-        aid = _str(src, f"{path}.id", a["id"])
+        aid = _str(src, f"{path}.id", a["id"], "adapter id")
         rank = _int(src, f"{path}.rank", a["rank"], 1)
         rate = _num(src, f"{path}.rate", a["rate"], lo=0.0, lo_open=True)
         if aid in seen:
@@ -324,7 +330,7 @@ def _gpu_types(src: str, v: Any) -> tuple[GpuType, ...]:
             raise InstanceError(src, path, f"must be an object, got {g!r}")
         _unknown(src, path, g, _GPU_KEYS)
         _missing(src, path, g, ("name",))
-        name = _str(src, f"{path}.name", g["name"])
+        name = _str(src, f"{path}.name", g["name"], "GPU type name")
         if any(t.name == name for t in out):
             raise InstanceError(src, f"{path}.name", f"duplicate GPU type name '{name}'")
         prof_name, prof, gpu_id, model_id = _type_profile(src, path, g)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from twin.fleet import GpuAssignment
+from twin.identifiers import clean_identifier
 from twin.metrics import RunMetrics
 from twin.server import ServerConfig
 from twin.workload import Adapter
@@ -101,10 +102,22 @@ class GpuPlan:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GpuPlan":
-        return cls(d["gpu_type"], d["profile"], int(d["max_loras"]), int(d["max_lora_rank"]),
-                   tuple((Adapter(x["id"], x["rank"], x["rate"]), float(x["share"]))
-                         for x in d["adapters"]),
+    def from_dict(cls, d: dict[str, Any], where: str = "gpu") -> "GpuPlan":
+        """A GPU of a plan file; names and adapter ids are NFC-normalised and refused with
+        control or format characters (``twin.identifiers``), naming ``where`` and the field."""
+        adapters = tuple((Adapter(clean_identifier(x["id"], f"{where}.adapters[{j}].id",
+                                                   what="adapter id"), x["rank"], x["rate"]),
+                          float(x["share"])) for j, x in enumerate(d["adapters"]))
+        first: dict[str, int] = {}
+        for j, (a, _) in enumerate(adapters):
+            if a.id in first:
+                raise ValueError(f"{where}.adapters[{j}].id: duplicate adapter id {a.id!r} on "
+                                 f"one GPU (first at adapters[{first[a.id]}]; ids are compared "
+                                 "after Unicode NFC normalisation)")
+            first[a.id] = j
+        return cls(clean_identifier(d["gpu_type"], f"{where}.gpu_type", what="GPU type name"),
+                   clean_identifier(d["profile"], f"{where}.profile", what="profile name"),
+                   int(d["max_loras"]), int(d["max_lora_rank"]), adapters,
                    float(d["offered_tps"]),
                    GpuMetrics(**d["predicted"]) if d.get("predicted") else None,
                    GpuMetrics(**d["verified"]) if d.get("verified") else None,
@@ -190,8 +203,10 @@ class Placement:
                                                                     tuple(r["items"]))
                                                              for r in fe["reasons"]),
                                        dict(fe["capacity_tps"]), int(fe["gpu_lower_bound"]))
-        return cls(d["instance"], d["method"], d["status"],
-                   tuple(GpuPlan.from_dict(g) for g in d["gpus"]), float(d["wall_time_s"]),
+        return cls(clean_identifier(d["instance"], "instance", what="instance name"),
+                   d["method"], d["status"],
+                   tuple(GpuPlan.from_dict(g, f"gpus[{i}]") for i, g in enumerate(d["gpus"])),
+                   float(d["wall_time_s"]),
                    d["objective"], d.get("objective_value"), d.get("best_bound"), d.get("verdict"),
                    d.get("verify_wall_s"), d.get("verify_duration_s"), tuple(d.get("repairs", ())),
                    tuple(d.get("notes", ())), dict(d.get("params", {})), report)

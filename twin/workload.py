@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .identifiers import clean_identifier, identifier, is_clean
 from .lengths import LengthModel, _check_float
 
 __all__ = [
@@ -70,6 +71,9 @@ class Adapter:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
             raise ValueError(f"adapter {self.id!r}: id must be a non-empty string")
+        if not is_clean(self.id):      # NFC, no control/format characters (twin.identifiers)
+            object.__setattr__(self, "id", clean_identifier(self.id, f"adapter {self.id!r}",
+                                                            what="id"))
         who = f"adapter '{self.id}'"
         r = self.rank
         if isinstance(r, (float, np.floating)) and math.isfinite(r) and float(r).is_integer():
@@ -217,10 +221,22 @@ def _numeric_column(name: str, df, col: str, *, integer: bool = False, minimum: 
 
 
 def _id_column(name: str, df, col: str) -> np.ndarray:
+    """The ids of column ``col``, NFC-normalised; a missing id or one holding a control or
+    format character is refused naming the row (``twin.identifiers``)."""
     ids = df[col].to_numpy(dtype=object)
     empty = ids == ""
     if empty.any():
         raise ValueError(f"{name} row {int(np.argmax(empty)) + 1}, column '{col}': missing value")
+    clean: dict[str, str] = {}
+    for v in set(ids.tolist()):
+        if not is_clean(v):
+            try:
+                clean[v] = identifier(v, "id")
+            except ValueError as e:
+                row = int(np.argmax(ids == v)) + 1
+                raise ValueError(f"{name} row {row}, column '{col}': {e}") from None
+    if clean:
+        ids = np.array([clean.get(v, v) for v in ids.tolist()], dtype=object)
     return ids
 
 
