@@ -67,6 +67,8 @@ STUDIES: tuple[Study, ...] = (
           ("-m", "experiments.twin_speed"), quick=True, timeout_s=1800),
     Study("first_solve_quick", "first solves from an empty cache (targets 60 s / 120 s)",
           ("-m", "experiments.first_solve", "--quick"), quick=True),
+    Study("twin_serve_soak", "twin serve under 1,000 concurrent streams and a slow reader",
+          ("-m", "experiments.twin_serve_soak"), quick=True, timeout_s=600),
     Study("gpu_savings_quick", "GPUs by greedy vs baselines, certified optimal (quick set)",
           ("-m", "experiments.gpu_savings", "--quick", "--workers", "2")),
     Study("replan_quick", "re-planning: moves and GPU-hours against a fresh solve",
