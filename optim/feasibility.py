@@ -77,11 +77,19 @@ def _count_bound(load_tps: float, cap_tps: float) -> int:
     return max(1, math.ceil(load_tps / cap_tps - 1e-9))
 
 
+def type_capacity_tps(inst: Instance, t) -> float:
+    """Most tokens/s one GPU of type ``t`` serves: the type's constant capacity when the
+    instance gives one (``capacity_tps`` is the offered load it sustains, so it serves
+    threshold x that), else the profile's backbone throughput (LoRA only adds work)."""
+    if t.constant_capacity:
+        return inst.starvation_threshold * float(t.capacity_tps)
+    return backbone_max_throughput(t.profile, inst.lengths)
+
+
 def gpu_lower_bound(inst: Instance) -> int:
     """Capacity lower bound on the GPU count: ceil(threshold x total load / best GPU capacity)."""
     return _count_bound(inst.starvation_threshold * inst.total_load_tps,
-                        max(backbone_max_throughput(t.profile, inst.lengths)
-                            for t in inst.gpu_types))
+                        max(type_capacity_tps(inst, t) for t in inst.gpu_types))
 
 
 COUNT_BOUND_FROM = 0.85     # measure count-aware caps only where they may raise the bound
@@ -664,7 +672,7 @@ def placement_claim(inst: Instance, placement, duration_s: float | None = None) 
 def precheck(inst: Instance, allow_split: bool = False) -> FeasibilityReport:
     """Run every pre-check on ``inst`` and collect the reasons (never raises for infeasibility)."""
     thr = inst.starvation_threshold
-    cap = {t.name: backbone_max_throughput(t.profile, inst.lengths) for t in inst.gpu_types}
+    cap = {t.name: type_capacity_tps(inst, t) for t in inst.gpu_types}
     limit = {k: v / thr for k, v in cap.items()}      # most offered tps a GPU may carry
     reasons: list[Reason] = []
 

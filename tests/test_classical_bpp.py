@@ -85,3 +85,24 @@ def test_warm_start_is_used_in_surrogate_mode(tmp_path):
         assert "ffd" in d["params"]["starts"]
         assert d["params"]["warm_start_used"], method
         assert d["best_bound"] <= d["gpus_used"]
+
+
+def test_precheck_uses_the_constant_capacity_when_it_exceeds_the_backbone():
+    """Items of 60,000 / 50,000 / 30,000 tok/s with capacity_tps 100,000 fit 2 bins: the
+    pre-check must judge a constant-capacity type by its capacity, not by the profile's
+    backbone throughput (it refused the instance as infeasible)."""
+    from optim.feasibility import gpu_lower_bound, precheck
+    from optim.instance import instance_from_dict
+    from optim.methods import solve
+    per = 419.3
+    inst = instance_from_dict({
+        "name": "big-bins", "adapters": [{"id": k, "rank": 8, "rate": v / per}
+                                         for k, v in (("a", 60000), ("b", 50000), ("c", 30000))],
+        "gpus": [{"name": "bin", "profile": "llama-3.1-8b-instruct", "count": 3,
+                  "capacity_tps": 100000, "capacity_amax": 8}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}})
+    rep = precheck(inst)
+    assert rep.feasible, rep.summary()
+    assert gpu_lower_bound(inst) == 2
+    p = solve(inst, "cpsat", verify=False)
+    assert p.n_gpus == 2 and p.status == "optimal"
