@@ -558,3 +558,89 @@ def test_profile_hash_ignores_where_and_when_a_profile_was_calibrated(tmp_path):
     changed = write(tmp_path / "changed.json", json.dumps(d))
     assert profile_hash(str(changed)) != profile_hash(LLAMA)
 
+
+
+# ============================================================================ issue 29
+# Each case: exit 2, stderr exactly the one line `error: <option, file or field>: <reason and
+# the bad value>`, and no output file left behind.
+def one_line(main, argv, capsys, out: Path | None = None) -> str:
+    rc, _, err = run(main, argv, capsys)
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), (rc, err)
+    if out is not None:
+        assert not out.exists(), f"{out} left behind"
+    return lines[0]
+
+
+# ---------------------------------------------------------------- unbounded numbers, strict CSV
+STRICT_CSVS = {
+    "float_rank.csv": ("id,rank,rate\na,8.0,0.1\n",
+                       "error: float_rank.csv row 1, column 'rank': not an integer ('8.0'): write "
+                       "whole numbers without a decimal point or exponent"),
+    "exp_rank.csv": ("id,rank,rate\na,8,0.1\nb,1e1,0.1\n",
+                     "error: exp_rank.csv row 2, column 'rank': not an integer ('1e1'): write "
+                     "whole numbers without a decimal point or exponent"),
+    "extra.csv": ("id,rank,rate\na,8,0.1\nb,8,0.1,x\n",
+                  "error: extra.csv row 2: 4 fields, the header has 3 (id,rank,rate): 'b,8,0.1,x'"),
+    "extra_all.csv": ("id,rank,rate\na,8,0.1,x\nb,8,0.2,y\n",
+                      "error: extra_all.csv row 1: 4 fields, the header has 3 (id,rank,rate): "
+                      "'a,8,0.1,x'"),
+    "short.csv": ("id,rank,rate\na,8,0.1\n\nb,8\n",
+                  "error: short.csv row 2: 2 fields, the header has 3 (id,rank,rate): 'b,8'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRICT_CSVS))
+def test_adapter_csv_rows_are_parsed_strictly(name, tmp_path, capsys):
+    text, line = STRICT_CSVS[name]
+    out = tmp_path / "run.json"
+    assert one_line(twin_main, ["run", "--adapters-file", write(tmp_path / name, text),
+                                "--json", out], capsys, out) == line
+
+
+def test_trace_row_with_a_billion_tokens_is_refused(tmp_path, capsys):
+    trace = write(tmp_path / "t.csv", HEADER + "1,a,200,10,8\n2,a,1000000000,10,8\n")
+    out = tmp_path / "run.json"
+    assert one_line(twin_main, ["run", "--trace", trace, "--json", out], capsys, out) == (
+        "error: t.csv row 2: 1,000,000,000 input + 10 output tokens exceed the limit of "
+        "1,048,576 tokens per request (columns 'input_tokens', 'output_tokens')")
+
+
+def test_trace_tokens_are_checked_against_the_profile_context(tmp_path):
+    from twin.workload import load_trace_csv
+    trace = write(tmp_path / "t.csv", HEADER + "1,a,131000,100,8\n")
+    with pytest.raises(ValueError, match=r"t.csv row 1: 131,000 input \+ 100 output tokens "
+                                         r"exceed the profile's max_model_len 131,072"):
+        load_trace_csv(trace, duration_s=10, max_model_len=131072)
+
+
+def test_a_trace_or_adapter_file_over_the_row_limit_is_refused_before_parsing(tmp_path,
+                                                                               monkeypatch):
+    import twin.workload as w
+    monkeypatch.setattr(w, "MAX_ADAPTERS_PER_INSTANCE", 3)
+    csv = write(tmp_path / "many.csv", "id,rank,rate\n" + "".join(f"a{i},8,0.1\n"
+                                                                  for i in range(5)))
+    with pytest.raises(ValueError, match="many.csv: more than 3 rows, the limit of one adapters "
+                                         "file"):
+        w.load_adapters_csv(csv)
+
+
+def _plan_file(tmp_path: Path, rate: float = 0.1, **gpu) -> Path:
+    d = {"instance": "tiny", "method": "greedy", "status": "solved", "wall_time_s": 0.1,
+         "objective": "gpus",
+         "gpus": [{"gpu_type": "h100", "profile": LLAMA, "max_loras": 8, "max_lora_rank": 8,
+                   "offered_tps": 10.0, **gpu,
+                   "adapters": [{"id": "a0", "rank": 8, "rate": rate, "share": 1.0}]}]}
+    return write(tmp_path / "plan.json", json.dumps(d))
+
+
+def test_a_workload_of_1e15_requests_per_second_is_refused_before_drawing(tmp_path, capsys):
+    from twin.harness.cli import main as harness_main
+    plan = _plan_file(tmp_path, rate=1e15)
+    out = tmp_path / "v"
+    assert one_line(harness_main, ["verify", plan, "--duration", "60", "--endpoints",
+                                   "http://127.0.0.1:9", "--out", out], capsys) == (
+        f"error: plan {plan}: GPU 0: workload: about 60,000,000,000,000,000 requests expected "
+        "(1e+15 req/s x 60 s) exceed the limit of 10,000,000 per server (~100 bytes each in "
+        "memory); shorten the window or lower the rates")
+    assert not (tmp_path / "v.json").exists()

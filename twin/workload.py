@@ -24,6 +24,8 @@ import numpy as np
 
 from .identifiers import clean_identifier, identifier, is_clean
 from .lengths import LengthModel, _check_float
+from .limits import (MAX_ADAPTERS_PER_INSTANCE, MAX_TRACE_REQUESTS, check_run_size,
+                     tokens_limit)
 
 __all__ = [
     "Adapter",
@@ -169,28 +171,91 @@ def parse_rate_counts(text: str) -> dict[float, int]:
 # =========================================================================== CSV helpers
 
 
-def _read_csv_strings(path: str | os.PathLike, required: Sequence[str], what: str):
-    """Read a CSV as strings (stripped), checking the header; returns (name, DataFrame)."""
+def _read_csv_strings(path: str | os.PathLike, required: Sequence[str], what: str,
+                      max_rows: int | None = None):
+    """Read a CSV as strings (stripped), checking the header; returns (name, DataFrame).
+
+    Strict: every row has exactly the header's fields (a row with more or fewer is refused
+    naming the row: pandas would shift an extra field into the wrong column or fill a missing
+    one with an empty value); blank lines are skipped and not counted. ``max_rows``: a file with
+    more lines is refused before it is parsed."""
+    import csv
+
     import pandas as pd
 
     name = os.path.basename(os.fspath(path))
+    if max_rows is not None:
+        _check_line_count(path, name, what, max_rows)
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+        fh = open(path, newline="", encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"{name}: {what} file not found ({path})") from None
-    except pd.errors.EmptyDataError:
-        raise ValueError(f"{name}: {what} file is empty (a header with columns {list(required)} is required)") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
-        raise ValueError(f"{name}: cannot parse {what} CSV ({str(e).strip()})") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name}: missing column(s) {missing} in header {list(df.columns)}")
-    if len(df) == 0:
+    except OSError as e:
+        raise ValueError(f"{name}: cannot read {what} CSV ({e.strerror or e})") from None
+    with fh:
+        try:
+            reader = csv.reader(fh, skipinitialspace=True)
+            header = None
+            for row in reader:
+                if not _blank(row):
+                    header = [str(c).strip() for c in row]
+                    break
+            if header is None:
+                raise ValueError(f"{name}: {what} file is empty (a header with columns "
+                                 f"{list(required)} is required)")
+            seen = set()
+            for c in header:
+                if c in seen:
+                    raise ValueError(f"{name}: column '{c}' appears twice in the header {header}")
+                seen.add(c)
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise ValueError(f"{name}: missing column(s) {missing} in header {header}")
+            cols: list[list[str]] = [[] for _ in header]
+            n = len(header)
+            r = 0
+            for row in reader:
+                if _blank(row):
+                    continue
+                r += 1
+                if len(row) != n:
+                    raise ValueError(f"{name} row {r}: {len(row)} fields, the header has {n} "
+                                     f"({','.join(header)}): {_clip(','.join(row))!r}")
+                for k, c in enumerate(row):
+                    cols[k].append(c.strip())
+        except (csv.Error, UnicodeDecodeError) as e:
+            raise ValueError(f"{name}: cannot parse {what} CSV ({str(e).strip()})") from None
+    if r == 0:
         raise ValueError(f"{name}: {what} file has a header but no rows")
-    for c in df.columns:
-        df[c] = df[c].astype(str).str.strip()
-    return name, df
+    return name, pd.DataFrame({h: c for h, c in zip(header, cols)}, dtype=object)
+
+
+def _blank(row: list[str]) -> bool:
+    return not row or (len(row) == 1 and not row[0].strip())
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _check_line_count(path: str | os.PathLike, name: str, what: str, max_rows: int) -> None:
+    """Refuse a file of more than ``max_rows`` + 1 lines by counting newlines (fast, before
+    anything is parsed or built)."""
+    lines = 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                lines += chunk.count(b"\n")
+                if lines > max_rows + 1:
+                    break
+    except OSError:
+        return                      # reported by the reader with its own message
+    if lines > max_rows + 1:
+        raise ValueError(f"{name}: more than {max_rows:,} rows, the limit of one {what} file "
+                         "(every row is held in memory); split the file")
+
+
+_INT_LITERAL = r"[+-]?[0-9]+"
 
 
 def _numeric_column(name: str, df, col: str, *, integer: bool = False, minimum: float | None = None,
@@ -206,11 +271,13 @@ def _numeric_column(name: str, df, col: str, *, integer: bool = False, minimum: 
         cell = raw.iloc[i]
         reason = "missing value" if cell == "" else f"not a finite number ({cell!r})"
         raise ValueError(f"{name} row {i + 1}, column '{col}': {reason}")
-    if integer:
-        bad = vals != np.round(vals)
+    if integer:   # an integer literal: '8.0', '8.5' and '1e3' are refused
+        bad = ~raw.str.fullmatch(_INT_LITERAL).to_numpy(dtype=bool)
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"{name} row {i + 1}, column '{col}': not an integer ({raw.iloc[i]!r})")
+            raise ValueError(f"{name} row {i + 1}, column '{col}': not an integer "
+                             f"({raw.iloc[i]!r}): write whole numbers without a decimal point "
+                             "or exponent")
     if minimum is not None:
         bad = vals <= minimum if strict_min else vals < minimum
         if bad.any():
@@ -242,7 +309,8 @@ def _id_column(name: str, df, col: str) -> np.ndarray:
 
 def load_adapters_csv(path: str | os.PathLike) -> list[Adapter]:
     """Read adapters from a CSV with header ``id,rank,rate`` (extra columns ignored)."""
-    name, df = _read_csv_strings(path, ["id", "rank", "rate"], "adapters")
+    name, df = _read_csv_strings(path, ["id", "rank", "rate"], "adapters",
+                                 max_rows=MAX_ADAPTERS_PER_INSTANCE)
     ids = _id_column(name, df, "id")
     ranks = _numeric_column(name, df, "rank", integer=True, minimum=1)
     rates = _numeric_column(name, df, "rate", minimum=0, strict_min=True)
@@ -584,6 +652,10 @@ def merge_streams(streams: Sequence[tuple[ArrivalProcess, float]], duration_s: f
     """Requests of independent per-adapter streams (adapter index = position in ``streams``),
     merged in arrival order. Stream i draws its arrivals and lengths from two children of
     ``children[i]``, so it does not depend on the other streams."""
+    # bounded before anything is drawn (twin.limits): the expected request count, the window
+    # and the adapter count of one server
+    check_run_size(len(streams), sum(float(rate) for _, rate in streams), float(duration_s),
+                   "workload")
     times, idx, ins, outs = [], [], [], []
     for i, ((process, rate), ss) in enumerate(zip(streams, children)):
         s_arr, s_len = ss.spawn(2)
@@ -606,6 +678,7 @@ def load_trace_csv(
     path: str | os.PathLike,
     adapters: Sequence[Adapter] | None = None,
     duration_s: float | None = None,
+    max_model_len: int | None = None,
 ) -> tuple[list[Adapter], Requests]:
     """Read a request trace (``arrival_s, adapter_id, input_tokens, output_tokens`` [, ``rank``]).
 
@@ -614,8 +687,13 @@ def load_trace_csv(
     unchanged. Otherwise adapters are created in order of first appearance with the rank from
     the ``rank`` column (required, consistent per adapter) and rate = count / span, where span
     is ``duration_s`` or else the largest arrival time.
+
+    Sizes are bounded (``twin.limits``): at most ``MAX_TRACE_REQUESTS`` rows (refused before
+    parsing), and input + output tokens of a row at most ``max_model_len`` when given (the
+    profile's context: vLLM refuses longer requests), else ``MAX_TOKENS_PER_REQUEST``.
     """
-    name, df = _read_csv_strings(path, ["arrival_s", "adapter_id", "input_tokens", "output_tokens"], "trace")
+    name, df = _read_csv_strings(path, ["arrival_s", "adapter_id", "input_tokens", "output_tokens"],
+                                 "trace", max_rows=MAX_TRACE_REQUESTS)
     t = _numeric_column(name, df, "arrival_s", minimum=0)
     ids = _id_column(name, df, "adapter_id")
     li = _numeric_column(name, df, "input_tokens", integer=True, minimum=1)
@@ -624,6 +702,12 @@ def load_trace_csv(
         if v.max() > np.iinfo(np.int32).max:
             i = int(np.argmax(v > np.iinfo(np.int32).max))
             raise ValueError(f"{name} row {i + 1}, column '{col}': too large ({df[col].iloc[i]!r})")
+    limit, limit_text = tokens_limit(max_model_len)
+    over = li + lo > limit
+    if over.any():
+        i = int(np.argmax(over))
+        raise ValueError(f"{name} row {i + 1}: {int(li[i]):,} input + {int(lo[i]):,} output "
+                         f"tokens exceed {limit_text} (columns 'input_tokens', 'output_tokens')")
     ranks = _numeric_column(name, df, "rank", integer=True, minimum=1) if "rank" in df.columns else None
 
     uniq, first_pos, inv = np.unique(ids.astype(str), return_index=True, return_inverse=True)

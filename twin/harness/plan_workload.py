@@ -72,6 +72,19 @@ def load_plan(path: str | Path):
     return plan
 
 
+def _max_model_len(plan) -> int | None:
+    """The shortest context (``max_model_len``) of the plan's profiles; None when one does not
+    load (the generic per-request token limit applies then)."""
+    from twin.profile import load_profile
+    lens = []
+    for name in sorted({g.profile for g in plan.gpus}):
+        try:
+            lens.append(int(load_profile(name).max_model_len))
+        except (OSError, ValueError):
+            return None
+    return min(lens) if lens else None
+
+
 def _route_trace(plan, trace: str, duration_s: float | None, seed: int
                  ) -> tuple[list[list[Adapter]], list[Requests], float]:
     all_adapters: dict[str, Adapter] = {}
@@ -81,7 +94,8 @@ def _route_trace(plan, trace: str, duration_s: float | None, seed: int
             all_adapters.setdefault(a.id, a)
             homes.setdefault(a.id, []).append((g, share))
     adapters = list(all_adapters.values())
-    _, reqs = load_trace_csv(trace, adapters=adapters, duration_s=duration_s)
+    _, reqs = load_trace_csv(trace, adapters=adapters, duration_s=duration_s,
+                             max_model_len=_max_model_len(plan))
     window = float(duration_s) if duration_s is not None else float(reqs.arrival_s.max())
     if window <= 0:
         raise ValueError(f"--trace {trace}: its span is 0 s; pass --duration")
@@ -143,7 +157,10 @@ def plan_workload(plan_path: str | Path, duration_s: float | None = None, seed: 
         for g, gp in enumerate(plan.gpus):
             local = [replace(a, rate=a.rate * s) for a, s in gp.adapters]
             per_adapters.append(local)
-            per_requests.append(generate_requests(local, window, lengths, seed=seed + g))
+            try:
+                per_requests.append(generate_requests(local, window, lengths, seed=seed + g))
+            except ValueError as e:     # e.g. twin.limits: the expected request count
+                raise ValueError(f"plan {plan_path}: GPU {g}: {e}") from None
         source = "poisson"
     gpus = tuple(GpuWorkload(g, gp.profile, gp.max_loras, gp.max_lora_rank, tuple(ad), rq)
                  for g, (gp, ad, rq) in enumerate(zip(plan.gpus, per_adapters, per_requests)))
