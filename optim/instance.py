@@ -64,7 +64,8 @@ from typing import Any, Mapping, Sequence
 from twin.lengths import LengthModel, default_lengths, length_model_from_dict, sharegpt_lengths
 from twin.cli_support import SEED_MAX
 from twin.identifiers import identifier
-from twin.limits import MAX_DURATION_S, MAX_REQUESTS_PER_SERVER
+from twin.limits import (MAX_ADAPTERS_PER_INSTANCE, MAX_DURATION_S, MAX_REQUESTS_PER_SERVER,
+                         check_adapter_count)
 from twin.profile import GpuProfile, load_profile
 from twin.workload import Adapter, load_adapters_csv
 
@@ -299,6 +300,10 @@ def _adapters(src: str, v: Any, base_dir: Path | None) -> tuple[Adapter, ...]:
                             f"must be a list of {{id, rank, rate}} or a CSV path, got {type(v).__name__}")
     if not v:
         raise InstanceError(src, "adapters", "must not be empty")
+    try:
+        check_adapter_count(len(v), "list")      # refused by count before any is built
+    except ValueError as e:
+        raise InstanceError(src, "adapters", str(e)) from None
     out_l: list[Adapter] = []
     seen: dict[str, int] = {}
     for i, a in enumerate(v):
@@ -573,6 +578,10 @@ def load_instance(path: str | os.PathLike) -> Instance:
     except UnicodeDecodeError as e:
         raise InstanceError(src, "$", f"not a text (UTF-8 JSON) file: byte {e.start} "
                                       f"is {e.object[e.start:e.start + 1]!r}") from None
+    n_ids = text.count('"id"')          # an upper bound of the inline adapters, before parsing
+    if n_ids > MAX_ADAPTERS_PER_INSTANCE:
+        raise InstanceError(src, "adapters", f"about {n_ids:,} adapters (\"id\" fields) exceed "
+                            f"the limit of {MAX_ADAPTERS_PER_INSTANCE:,} per instance; not parsed")
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:

@@ -24,9 +24,32 @@ class ModelFileError(ValueError):
 
 
 def read_json(path: str | Path, what: str = "model file") -> dict:
-    """A JSON object from ``path``, or ``ModelFileError`` naming the file and the problem."""
-    return read_json_file(path, what, ModelFileError, expect_object=True,
-                          missing_hint=" (is this a trained model directory?)")
+    """A JSON object from ``path``, or ``ModelFileError`` naming the file and the problem. A
+    model directory's ``manifest.json`` is also checked for the fields its readers use
+    (``check_manifest``)."""
+    d = read_json_file(path, what, ModelFileError, expect_object=True,
+                       missing_hint=" (is this a trained model directory?)")
+    if Path(path).name == "manifest.json":
+        check_manifest(d, path, what)
+    return d
+
+
+def check_manifest(d: dict, path: str | Path, what: str = "model manifest") -> None:
+    """The fields of a model manifest that loading and evaluating a model read: ``profile``
+    (a non-empty string) and ``split`` (an object with ``seed`` and ``test_frac``); an empty
+    ``{}`` or a hand-edited manifest is refused naming the file and the field."""
+    hint = "; regenerate the model directory with `python -m surrogates train`"
+    prof = d.get("profile")
+    if "profile" not in d:
+        raise ModelFileError(f"{what} {path}: missing field 'profile' (the twin profile the "
+                             f"model was trained for){hint}")
+    if not isinstance(prof, str) or not prof.strip():
+        raise ModelFileError(f"{what} {path}: field 'profile' must be a profile name, got "
+                             f"{prof!r}{hint}")
+    sp = d.get("split")
+    if not isinstance(sp, dict) or any(k not in sp for k in ("seed", "test_frac")):
+        raise ModelFileError(f"{what} {path}: field 'split' must be an object with 'seed' and "
+                             f"'test_frac', got {sp!r}{hint}")
 
 
 @contextmanager

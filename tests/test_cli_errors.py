@@ -644,3 +644,60 @@ def test_a_workload_of_1e15_requests_per_second_is_refused_before_drawing(tmp_pa
         "(1e+15 req/s x 60 s) exceed the limit of 10,000,000 per server (~100 bytes each in "
         "memory); shorten the window or lower the rates")
     assert not (tmp_path / "v.json").exists()
+
+
+# ---------------------------------------------------------------- left from the first set
+@pytest.mark.parametrize("text, field", [("{}", "missing field 'profile'"),
+                                         ('{"profile": "", "split": {}}', "field 'profile'"),
+                                         (json.dumps({"profile": LLAMA}), "field 'split'")])
+def test_surrogates_model_with_an_empty_manifest_names_the_field(text, field, tmp_path, capsys):
+    d = tmp_path / "model"
+    shutil.copytree(MODEL, d)
+    (d / "manifest.json").write_text(text)
+    real = write(tmp_path / "real.csv", "status\n")
+    line = one_line(surrogates_main, ["evaluate", "--model", d, "--real", real], capsys)
+    assert line.startswith(f"error: model manifest {d / 'manifest.json'}: {field}"), line
+    assert "python -m surrogates train" in line
+
+
+def test_an_instance_of_millions_of_adapters_is_refused_at_once(tmp_path, capsys):
+    """Counted in the text before the JSON is parsed (10 million ran past a minute; 2 million
+    keep the test file at 60 MB)."""
+    n = 2_000_000
+    inst = tmp_path / "huge.json"
+    with open(inst, "w") as fh:
+        fh.write('{"name": "huge", "gpus": [{"name": "h100", "profile": "%s", "count": 4}], '
+                 '"adapters": [' % LLAMA)
+        row = '{"id":"a","rank":8,"rate":1},'
+        for _ in range(n // 100_000):
+            fh.write(row * 100_000)
+        fh.write('{"id":"b","rank":8,"rate":1}]}')
+    out = tmp_path / "out.json"
+    t0 = time.monotonic()
+    line = one_line(optim_main, ["solve", inst, "--method", "greedy", "--json", out], capsys,
+                    out)
+    assert time.monotonic() - t0 < 10
+    assert line == (f"error: {inst}: field 'adapters': about 2,000,001 adapters (\"id\" fields) "
+                    "exceed the limit of 1,000,000 per instance; not parsed")
+
+
+def test_an_instance_adapter_list_or_csv_over_the_limit_is_refused_by_count(tmp_path, capsys,
+                                                                            monkeypatch):
+    import optim.instance as oi
+    import twin.limits as lim
+    import twin.workload as w
+    monkeypatch.setattr(lim, "MAX_ADAPTERS_PER_INSTANCE", 3)
+    monkeypatch.setattr(oi, "MAX_ADAPTERS_PER_INSTANCE", 10)     # let the text pre-scan pass
+    monkeypatch.setattr(w, "MAX_ADAPTERS_PER_INSTANCE", 3)
+    inst = tiny_instance(tmp_path, n=5)
+    assert one_line(optim_main, ["solve", inst, "--method", "greedy"], capsys) == (
+        f"error: {inst}: field 'adapters': list: 5 adapters exceed the limit of 3 per "
+        "instance (each becomes an object and a model column; the largest shipped instance "
+        "has 10,000)")
+    write(tmp_path / "ad.csv", "id,rank,rate\n" + "".join(f"a{i},8,0.1\n" for i in range(5)))
+    d = {"name": "csv", "adapters": "ad.csv", "gpus": [{"name": "h", "profile": LLAMA,
+                                                        "count": 1}]}
+    inst = write(tmp_path / "csv.json", json.dumps(d))
+    assert one_line(optim_main, ["solve", inst, "--method", "greedy"], capsys) == (
+        f"error: {inst}: field 'adapters': ad.csv: more than 3 rows, the limit of one adapters "
+        "file (every row is held in memory); split the file")
