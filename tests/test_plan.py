@@ -168,3 +168,28 @@ def test_console_script_dispatches(capsys):
     assert main(["no-such-command"]) == 2
     assert "unknown command" in capsys.readouterr().err
     assert main([]) == 2
+
+
+def test_shipped_limits_match_the_current_twin(tmp_path, monkeypatch):
+    """The limits shipped in optim/data/carry_limits.json were measured on this twin: a twin
+    change (step time, scheduler, profile values) changes the fingerprints and fails this test
+    until `python -m optim.shipped_limits` regenerates the file."""
+    from optim.plan import stale_shipped_limits
+    from optim.shipped_limits import read_meta, shipped_fingerprints
+    meta = read_meta()
+    assert meta.get("twin_fingerprints") == shipped_fingerprints(), stale_shipped_limits()
+    # every one-adapter limit a first solve on a shipped profile needs, for the windows of the
+    # shipped instances and plans (600 s, 3600 s), is in the file
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))     # the shipped file alone
+    from optim import capacity
+    from optim.shipped_limits import LENGTHS, SHIPPED_PROFILES, _lengths
+    from twin.profile import load_profile
+    capacity._cache.clear()
+    for name in SHIPPED_PROFILES:
+        prof = load_profile(name)
+        for spec in LENGTHS:
+            for w in (600.0, 3600.0):
+                for r in prof.supported_ranks:
+                    assert capacity._disk_get(capacity._limit_key(
+                        prof, r, 1, _lengths(spec), w, tuple(range(capacity.BOUND_SEEDS)),
+                        0.9)) is not None, (name, spec, w, r)
