@@ -701,3 +701,70 @@ def test_an_instance_adapter_list_or_csv_over_the_limit_is_refused_by_count(tmp_
     assert one_line(optim_main, ["solve", inst, "--method", "greedy"], capsys) == (
         f"error: {inst}: field 'adapters': ad.csv: more than 3 rows, the limit of one adapters "
         "file (every row is held in memory); split the file")
+
+
+# ---------------------------------------------------------------- model parameters, derive
+@pytest.mark.parametrize("alpha", [-1.0, 0.0, float("nan"), float("inf")])
+def test_learned_router_refuses_a_ridge_alpha_that_is_not_positive(alpha):
+    from twin.routing import make_router
+    with pytest.raises(ValueError) as e:
+        make_router("learned", 0, alpha=alpha)
+    assert str(e.value) == f"learned router alpha: must be a finite number > 0, got {alpha!r}"
+
+
+@pytest.mark.parametrize("field, value", [("max_loras", 0), ("max_lora_rank", 0),
+                                          ("max_loras", -2), ("max_loras", 1.5)])
+def test_routing_plan_refuses_a_gpu_that_can_hold_no_adapter(field, value):
+    from twin.profile import load_profile
+    from twin.routing import RoutedGpu, RoutingPlan
+    from twin.workload import Adapter
+    kw = {"max_loras": 8, "max_lora_rank": 16, field: value}
+    gpus = (RoutedGpu(load_profile(LLAMA), 8, 16), RoutedGpu(load_profile(LLAMA), **kw))
+    with pytest.raises(ValueError) as e:
+        RoutingPlan(gpus, ((0,),), ((1.0,),)).check([Adapter("a", 8, 1.0)])
+    assert str(e.value) == f"routing plan: GPU 1: {field} must be an integer >= 1, got {value!r}"
+
+
+GPU_SPEC = {"name": "test GPU", "memory_gib": 80, "hbm_bandwidth_gbs": 3350,
+            "bf16_dense_tflops": 989, "host_link_gbs": 64, "tdp_w": 700, "idle_w": 100}
+
+
+@pytest.mark.parametrize("field, value, unit, lo, hi", [
+    ("bf16_dense_tflops", 1e-12, "TFLOPS", "10", "20,000"),
+    ("bf16_dense_tflops", 1e9, "TFLOPS", "10", "20,000"),
+    ("memory_gib", 0.5, "GiB", "4", "1,024"),
+    ("hbm_bandwidth_gbs", 3.35e12, "GB/s", "100", "50,000"),
+    ("host_link_gbs", 0.001, "GB/s", "1", "2,000"),
+])
+def test_twin_derive_refuses_an_implausible_gpu_spec(field, value, unit, lo, hi, tmp_path,
+                                                     capsys):
+    spec = write(tmp_path / "mygpu.json", json.dumps({**GPU_SPEC, field: value}))
+    out = tmp_path / "derived.json"
+    line = one_line(twin_main, ["derive", "--gpu", spec, "--model", LLAMA, "--out", out],
+                    capsys, out)
+    assert line == (f"error: --gpu mygpu: {field} {float(value)!r} {unit} is outside the "
+                    f"plausible range [{lo}, {hi}] {unit}")
+
+
+def test_twin_derive_refuses_an_empty_name(tmp_path, capsys):
+    out = tmp_path / "derived.json"
+    line = one_line(twin_main, ["derive", "--gpu", "H200", "--model", LLAMA, "--name", "",
+                                "--out", out], capsys, out)
+    assert line == "error: --name: profile name must be a non-empty string, got ''"
+    line = one_line(twin_main, ["derive", "--gpu", "H200", "--model", LLAMA, "--name",
+                                "x\u202ey", "--out", out], capsys, out)
+    assert line.startswith("error: --name: profile name 'x\\u202ey' contains the "
+                           "control/format character U+202E")
+
+
+def test_derive_ranges_hold_for_the_catalog_and_are_stated():
+    from twin.derive import (GPU_SPEC_HELP, GPU_SPEC_RANGES, MODEL_CONFIG_HELP,
+                             MODEL_CONFIG_RANGES, check_ranges)
+    from twin.gpu_catalog import load_catalog
+    from twin.model_configs import model_config
+    for g in load_catalog().values():
+        check_ranges(g, GPU_SPEC_RANGES, "--gpu")
+    for m in (LLAMA, "qwen-2.5-7b-instruct"):
+        check_ranges(model_config(m), MODEL_CONFIG_RANGES, "--model")
+    assert "bf16_dense_tflops in [10, 20,000] TFLOPS" in GPU_SPEC_HELP
+    assert "max_position_embeddings in [512, 10,485,760] tokens" in MODEL_CONFIG_HELP

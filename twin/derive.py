@@ -72,6 +72,64 @@ class DeriveError(ValueError):
     """A profile cannot be derived (the message says which input and why)."""
 
 
+# Plausible ranges of the facts a derivation reads, (low, high, unit): any datacenter or
+# workstation GPU and any served base model lie well inside them; a value outside is a unit slip
+# (TFLOPS typed as PFLOPS, bytes as GiB) or a typo, and would derive a profile whose step times or
+# KV capacity are off by orders of magnitude without any error.
+GPU_SPEC_RANGES: dict[str, tuple[float, float, str]] = {
+    "memory_gib": (4.0, 1024.0, "GiB"),
+    "usable_memory_gib": (4.0, 1024.0, "GiB"),
+    "hbm_bandwidth_gbs": (100.0, 50_000.0, "GB/s"),
+    "bf16_dense_tflops": (10.0, 20_000.0, "TFLOPS"),
+    "host_link_gbs": (1.0, 2_000.0, "GB/s"),
+    "tdp_w": (50.0, 5_000.0, "W"),
+    "idle_w": (5.0, 1_000.0, "W"),
+}
+MODEL_CONFIG_RANGES: dict[str, tuple[float, float, str]] = {
+    "parameters": (1e8, 2e12, "parameters"),
+    "num_hidden_layers": (1, 512, "layers"),
+    "hidden_size": (64, 65_536, ""),
+    "num_attention_heads": (1, 1_024, "heads"),
+    "num_key_value_heads": (1, 1_024, "heads"),
+    "head_dim": (8, 1_024, ""),
+    "intermediate_size": (64, 1_048_576, ""),
+    "vocab_size": (256, 2_000_000, "tokens"),
+    "max_position_embeddings": (512, 10_485_760, "tokens"),
+    "dtype_bytes": (1, 4, "bytes"),
+}
+
+
+def _num(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:g}"
+
+
+def ranges_text(ranges: dict[str, tuple[float, float, str]]) -> str:
+    """``field in [lo, hi] unit`` for every field, for ``--help`` and messages."""
+    return "; ".join(f"{k} in [{_num(lo)}, {_num(hi)}]" + (f" {u}" if u else "")
+                     for k, (lo, hi, u) in ranges.items())
+
+
+GPU_SPEC_HELP = "plausible ranges of a GPU spec: " + ranges_text(GPU_SPEC_RANGES)
+MODEL_CONFIG_HELP = "plausible ranges of a model config: " + ranges_text(MODEL_CONFIG_RANGES)
+
+
+def check_ranges(obj, ranges: dict[str, tuple[float, float, str]], option: str) -> None:
+    """``DeriveError`` naming ``option``, the object's id, the field, the value and the range
+    for the first field of ``obj`` outside ``ranges`` (fields that are None are skipped)."""
+    for k, (lo, hi, unit) in ranges.items():
+        v = getattr(obj, k, None)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not lo <= v <= hi:
+            u = f" {unit}" if unit else ""
+            raise DeriveError(f"{option} {getattr(obj, 'id', '?')}: {k} {v!r}{u} is outside the "
+                              f"plausible range [{_num(lo)}, {_num(hi)}]{u}")
+    if isinstance(obj, GpuSpec) and obj.idle_w >= obj.tdp_w:
+        raise DeriveError(f"{option} {obj.id}: idle_w {obj.idle_w:g} W must be below tdp_w "
+                          f"{obj.tdp_w:g} W")
+
+
 def _lora_workspace_bytes(model: ModelConfig, max_num_batched_tokens: int) -> int:
     """Profiling-pass workspace of vLLM's LoRA logits path: two fp32 tokens x (vocab + extra)
     buffers, only for architectures with embedding/lm_head LoRA."""
@@ -200,10 +258,21 @@ def derive_profile(source: GpuProfile, gpu: GpuSpec, model: ModelConfig,
     """The profile of ``model`` on ``gpu`` derived from the measured ``source`` profile.
 
     ``src_gpu`` / ``src_model`` default to the catalog entry of ``source.gpu`` and the config of
-    ``source.model``. Raises ``DeriveError`` when the source is itself derived, or when the model
-    does not fit the GPU."""
+    ``source.model``. Raises ``DeriveError`` when the source is itself derived, when the model
+    does not fit the GPU, when a spec field lies outside its plausible range
+    (``GPU_SPEC_RANGES``, ``MODEL_CONFIG_RANGES``) or ``name`` is empty or holds control
+    characters (``ValueError`` naming --name)."""
+    from .identifiers import clean_identifier
     from .power import default_power_model
 
+    if name is not None:        # an empty --name is refused, not silently replaced
+        name = clean_identifier(name, "--name", what="profile name")
+    check_ranges(gpu, GPU_SPEC_RANGES, "--gpu")
+    check_ranges(model, MODEL_CONFIG_RANGES, "--model")
+    if src_gpu is not None:
+        check_ranges(src_gpu, GPU_SPEC_RANGES, "--from-gpu")
+    if src_model is not None:
+        check_ranges(src_model, MODEL_CONFIG_RANGES, "--from-model")
     if source.is_derived:
         raise DeriveError(f"--from {source.name}: is a derived profile; derive from a measured "
                           f"one (derived from {source.derived_from.get('profile')!r})")

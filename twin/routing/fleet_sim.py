@@ -41,6 +41,17 @@ class RoutedGpu:
     max_loras: int
     max_lora_rank: int
 
+    def check(self, where: str = "routed GPU") -> None:
+        """``max_loras`` and ``max_lora_rank`` are integers >= 1 (vLLM refuses 0: a server that
+        can hold no adapter serves none) and the rank is one the profile supports."""
+        for name, v in (("max_loras", self.max_loras), ("max_lora_rank", self.max_lora_rank)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{where}: {name} must be an integer >= 1, got {v!r}")
+        ranks = tuple(getattr(self.profile, "supported_ranks", ()) or ())
+        if ranks and self.max_lora_rank > max(ranks):
+            raise ValueError(f"{where}: max_lora_rank {self.max_lora_rank} is above the "
+                             f"profile's largest rank {max(ranks)}")
+
 
 @dataclass(frozen=True)
 class RoutingPlan:
@@ -55,6 +66,8 @@ class RoutingPlan:
         to 1, and a rank each home's ``max_lora_rank`` can hold. ``allow_homeless``: adapters
         without homes are allowed (the plan before a :class:`PlanSwitch`, for adapters that
         arrive with the new plan)."""
+        for g, gpu in enumerate(self.gpus):
+            gpu.check(f"routing plan: GPU {g}")
         if len(self.homes) != len(adapters) or len(self.weights) != len(adapters):
             raise ValueError(f"routing plan: {len(self.homes)} home lists and {len(self.weights)} "
                              f"weight lists for {len(adapters)} adapters")

@@ -97,6 +97,14 @@ class LearnedRouter(_Seeded):
             if not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"learned router {name}: must be a finite number >= 0, "
                                  f"got {v!r}")
+        # ridge alpha > 0: a negative penalty rewards large coefficients (no minimum), 0 is an
+        # unregularised fit that fails on collinear features
+        for name, v, strict in (("alpha", alpha, True), ("miss_penalty", miss_penalty, False)):
+            ok = not isinstance(v, bool) and isinstance(v, (int, float, np.number)) \
+                and bool(np.isfinite(v)) and (v > 0 if strict else v >= 0)
+            if not ok:
+                raise ValueError(f"learned router {name}: must be a finite number "
+                                 f"{'>' if strict else '>='} 0, got {v!r}")
         if not half_life_s > 0:
             raise ValueError(f"learned router half_life_s: must be > 0, got {half_life_s!r}")
         self.refit_every, self.min_samples = int(refit_every), int(min_samples)
