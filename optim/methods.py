@@ -136,7 +136,22 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     line = homes_line(p)
     if line:
         p = p.with_(notes=p.notes + (line,))
-    return p.with_(objective_value=obj.value(p) if p.gpus else None)
+    return agree_claim(p).with_(objective_value=obj.value(p) if p.gpus else None)
+
+
+def agree_claim(p: Placement) -> Placement:
+    """``p`` with status, printed claim and JSON in agreement: a twin-accepted GPU-count answer
+    that meets its twin-sound lower bound (``params.lower_bound``) is ``optimal`` with
+    ``params.claim`` = "optimal in the twin"; an ``optimal`` status without any claim falls back
+    to ``solved``."""
+    from .feasibility import TWIN_OPTIMAL
+    lb = p.params.get("lower_bound")
+    if (p.objective == "gpus" and p.verdict == "accepted" and p.gpus and lb is not None
+            and p.n_gpus == lb):
+        return p.with_(status="optimal", params={**p.params, "claim": TWIN_OPTIMAL})
+    if p.status == "optimal" and not p.params.get("claim"):
+        return p.with_(status="solved")
+    return p
 
 
 def homes_check(inst: Instance, report: FeasibilityReport) -> FeasibilityReport:

@@ -193,3 +193,14 @@ def test_shipped_limits_match_the_current_twin(tmp_path, monkeypatch):
                     assert capacity._disk_get(capacity._limit_key(
                         prof, r, 1, _lengths(spec), w, tuple(range(capacity.BOUND_SEEDS)),
                         0.9)) is not None, (name, spec, w, r)
+
+
+def test_status_printed_claim_and_json_agree(small_plan):
+    """A twin-accepted count that meets the twin lower bound is status optimal, prints the claim
+    and carries it in the JSON (greedy printed status=solved beside the claim, JSON null)."""
+    _, res, out = small_plan
+    p = res.placement
+    rec = json.loads((out / "placement.json").read_text())
+    assert p.status == "optimal" and rec["status"] == "optimal"
+    assert rec["params"]["claim"] == "optimal in the twin"
+    assert "claim: optimal in the twin" in p.summary()
