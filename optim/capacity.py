@@ -385,7 +385,11 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
         one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers)
         seeds = seeds[:COUNT_SEEDS]
     n_workers = workers or os.cpu_count() or 1
-    if n_workers > 1:
+    from twin.fleet import installed_pool
+    if n_workers > 1 and installed_pool() is not None:
+        out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
+                             one, installed_pool())
+    elif n_workers > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
             out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold,

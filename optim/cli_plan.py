@@ -35,8 +35,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
         from .cli_deploy import deploy_targets
         from .deploy import DeployOptions
         targets = deploy_targets(a.target)
-        res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force, a.quiet,
-                        DeployOptions(targets=targets, allow_rejected=a.allow_rejected))
+        import twin.fleet
+        with twin.fleet.use_backend("local", None, a.workers):   # one pool for every replay
+            res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force,
+                            a.quiet, DeployOptions(targets=targets,
+                                                   allow_rejected=a.allow_rejected))
     except PlanError as e:
         raise CliError(str(e)) from None
     for line in summary_lines(res, out):

@@ -141,6 +141,11 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
         ex.shutdown(wait=True, cancel_futures=True)
 
 
+def installed_pool() -> object | None:
+    """The pool :func:`use_backend` installed for the current block (None outside one)."""
+    return _installed_pool
+
+
 def terminate_workers(ex: ProcessPoolExecutor) -> None:
     """Stop the worker processes of ``ex`` now (SIGTERM, which they leave at its default:
     a worker inside the compiled kernel would not run a Python handler)."""
@@ -273,12 +278,29 @@ def use_backend(backend: str = "local", address: str | None = None,
                 workers: int | None = None) -> Iterator[object | None]:
     """Run every fleet replay inside the block on one pool: ``"ray"`` installs a
     :class:`RayPool` (local Ray, or the cluster at ``address``) and shuts it down on exit;
-    ``"local"`` keeps the default (each replay starts ``workers`` local processes). Errors name
+    ``"local"`` keeps ``workers`` local processes (default: all cores) for every replay of the
+    block (``installed_pool``; one process runs them in place). Errors name
     the option (``backend``, ``address``) and are raised before any simulation runs."""
     global _installed_pool
     check_backend(backend, address, workers)
     if backend == "local":
-        yield None
+        n = workers or os.cpu_count() or 1
+        if n <= 1 or _installed_pool is not None:
+            yield None
+            return
+        # one set of worker processes for every replay of the block: starting a pool (and
+        # loading the compiled kernel in each worker) costs 1.5-2 s, paid once, not per replay
+        ex = ProcessPoolExecutor(max_workers=n, initializer=_leave_ctrl_c_to_parent)
+        _installed_pool = ex
+        ended = False
+        try:
+            yield None
+            ended = True
+        finally:
+            _installed_pool = None
+            if not ended:                     # Ctrl-C, SIGTERM or an error: stop at once
+                terminate_workers(ex)
+            ex.shutdown(wait=ended, cancel_futures=True)
         return
     previous = _installed_pool
     with RayPool(workers, address) as pool:
