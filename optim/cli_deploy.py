@@ -78,6 +78,8 @@ def cmd_replan(a: argparse.Namespace) -> int:
         inst = load_instance(a.instance)
     except InstanceError as e:
         raise CliError(str(e)) from None
+    from .replan import check_same_model
+    check_same_model(prev, inst, a.previous, a.instance)     # before any solve or replay
     opts = ReplanOptions(churn_weight=a.churn_weight if a.churn_weight is not None else
                          ReplanOptions.churn_weight, max_moves=a.max_moves,
                          duration_s=a.duration, workers=a.workers, transition=a.transition,

@@ -708,6 +708,36 @@ def _incremental(prev: Placement, inst: Instance, opts: ReplanOptions, dur: floa
                         tuple(steps))
 
 
+def check_same_model(prev: Placement, inst: Instance, prev_name: str | None = None,
+                     inst_name: str | None = None) -> None:
+    """Refuse re-planning a plan whose GPUs serve another base model than the instance's
+    (``ValueError`` naming both files, profiles and models): its adapters are LoRAs of that
+    model and its servers load it, so nothing of it carries over. A plan profile that does not
+    load is left to the later steps."""
+    from twin.profile import load_profile
+    want: dict[str, str] = {}
+    for t in inst.gpu_types:
+        try:
+            want[t.load_profile().model] = t.profile
+        except (OSError, ValueError):
+            return
+    if not want:
+        return
+    pname = prev_name or f"'{prev.instance}'"
+    iname = inst_name or inst.source or inst.name
+    for g, gp in enumerate(prev.gpus):
+        try:
+            model = load_profile(gp.profile).model
+        except (OSError, ValueError):
+            continue
+        if model not in want:
+            m, prof = next(iter(want.items()))
+            raise ValueError(f"--previous {pname}: GPU {g} runs profile '{gp.profile}' (base "
+                             f"model {model}), but the instance {iname} serves base model {m} "
+                             f"(profile '{prof}'); a plan can only be re-planned for the same "
+                             "base model")
+
+
 def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(),
            fresh: Placement | None = None) -> ReplanResult:
     """Re-plan ``prev`` for ``inst`` (module docstring); ``fresh``: a solve of ``inst`` from
@@ -715,6 +745,7 @@ def replan(prev: Placement, inst: Instance, opts: ReplanOptions = ReplanOptions(
     t0 = time.perf_counter()
     if not prev.gpus:
         raise ValueError(f"previous plan '{prev.instance}': has no GPUs to re-plan from")
+    check_same_model(prev, inst)
     dur = float(opts.duration_s if opts.duration_s is not None else inst.duration_s)
     cands = [_incremental(prev, inst, opts, dur)]
     if fresh is not None and fresh.gpus:

@@ -768,3 +768,65 @@ def test_derive_ranges_hold_for_the_catalog_and_are_stated():
         check_ranges(model_config(m), MODEL_CONFIG_RANGES, "--model")
     assert "bf16_dense_tflops in [10, 20,000] TFLOPS" in GPU_SPEC_HELP
     assert "max_position_embeddings in [512, 10,485,760] tokens" in MODEL_CONFIG_HELP
+
+
+# ---------------------------------------------------------------- cross-file mismatches
+def test_replan_refuses_a_previous_plan_for_another_base_model(tmp_path, capsys):
+    plan = _plan_file(tmp_path, profile="qwen-2.5-7b-instruct")
+    inst = tiny_instance(tmp_path)
+    out = tmp_path / "new.json"
+    assert one_line(optim_main, ["replan", inst, "--previous", plan, "--json", out], capsys,
+                    out) == (
+        f"error: --previous {plan}: GPU 0 runs profile 'qwen-2.5-7b-instruct' (base model "
+        f"qwen-2.5-7b-instruct), but the instance {inst} serves base model "
+        f"llama-3.1-8b-instruct (profile '{LLAMA}'); a plan can only be re-planned for the "
+        "same base model")
+
+
+def test_harness_verify_names_a_gpu_count_mismatch_before_looking_for_binaries(tmp_path,
+                                                                                capsys):
+    from twin.harness.cli import main as harness_main
+    plan = _plan_file(tmp_path)
+    out = tmp_path / "v"
+    assert one_line(harness_main, ["verify", plan, "--duration", "60", "--endpoints",
+                                   "http://127.0.0.1:9", "http://127.0.0.1:10", "--out", out],
+                    capsys) == (f"error: --endpoints: the plan has 1 GPUs, 2 endpoints given "
+                                f"({plan}: one endpoint per GPU, in plan order)")
+    assert one_line(harness_main, ["verify", plan, "--duration", "60", "--launch", "--server",
+                                   "vllm", "--model", "m", "--gpu-ids", "0,1", "--out", out],
+                    capsys) == (f"error: --gpu-ids 0,1: the plan has 1 GPUs, 2 GPU ids given "
+                                f"({plan}: one CUDA device per server, in plan order)")
+    assert not (tmp_path / "v.json").exists() and not (tmp_path / "v.md").exists()
+
+
+def test_harness_verify_names_an_endpoint_that_is_not_a_vllm_server(tmp_path, capsys):
+    import http.server
+    import threading
+
+    from twin.harness.cli import main as harness_main
+
+    class Html(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<html>hello</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        plan = _plan_file(tmp_path)
+        out = tmp_path / "v"
+        line = one_line(harness_main, ["verify", plan, "--duration", "60", "--endpoints", url,
+                                       "--out", out, "--quiet"], capsys)
+    finally:
+        srv.shutdown()
+    assert line == (f"error: --endpoints {url} (GPU 0): {url}/v1/models: not a vLLM server: the "
+                    "answer is not JSON (text/html, 18 characters: '<html>hello</html>')")
+    assert not (tmp_path / "v.json").exists()

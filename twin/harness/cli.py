@@ -97,6 +97,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
         raise CliError("give either --endpoints URL ... (running servers) or --launch")
     if a.endpoints and a.time_scale != 1.0 and a.server == "vllm":
         raise CliError("--time-scale: real vLLM runs in wall time; use 1")
+    _check_servers_match_plan(a)       # mismatches first, before workloads, binaries, servers
     wl = plan_workload(a.plan, duration_s=a.duration, seed=a.seed, instance_path=a.instance,
                        trace=a.trace, max_requests=a.max_requests)
     if a.profile:
@@ -159,6 +160,41 @@ def cmd_verify(a: argparse.Namespace) -> int:
         plot(result, out_plot)
         print(f"wrote {out_plot}")
     return EXIT_REJECTED if result.total_measured.starved else EXIT_OK
+
+
+def _check_servers_match_plan(a: argparse.Namespace) -> None:
+    """The plan's GPU count against --endpoints and --gpu-ids, and what a vLLM launch needs
+    (--model, --gpu-ids, the `vllm` binary), checked before anything is built or started: a
+    mismatch is named as such, not as a later failure (a missing binary, a refused
+    connection)."""
+    import shutil
+
+    from .plan_workload import load_plan
+    plan = load_plan(a.plan)
+    n = len(plan.gpus)
+    if a.endpoints and len(a.endpoints) != n:
+        raise CliError(f"--endpoints: the plan has {n} GPUs, {len(a.endpoints)} endpoints "
+                       f"given ({a.plan}: one endpoint per GPU, in plan order)")
+    ids = [x.strip() for x in a.gpu_ids.split(",")] if a.gpu_ids else None
+    if ids is not None:
+        if any(not x for x in ids):
+            raise CliError(f"--gpu-ids {a.gpu_ids!r}: an empty id (give comma-separated CUDA "
+                           "device ids)")
+        if len(set(ids)) != len(ids):
+            raise CliError(f"--gpu-ids {a.gpu_ids!r}: a device id appears twice (one GPU per "
+                           "server)")
+        if a.launch and a.server == "vllm" and len(ids) != n:
+            raise CliError(f"--gpu-ids {a.gpu_ids}: the plan has {n} GPUs, {len(ids)} GPU ids "
+                           f"given ({a.plan}: one CUDA device per server, in plan order)")
+    if a.launch and a.server == "vllm":
+        if not a.model:
+            raise CliError("--model: needed to launch vllm servers (HF id or local path)")
+        if ids is None:
+            raise CliError(f"--gpu-ids: needed to launch vllm servers (the plan {a.plan} has "
+                           f"{n} GPU(s): one CUDA device id each)")
+        if shutil.which("vllm") is None:
+            raise CliError("--server vllm: no `vllm` command on PATH (install the [gpu] extra: "
+                           "pip install -e \".[gpu]\")")
 
 
 def cmd_profile(a: argparse.Namespace) -> int:

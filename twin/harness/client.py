@@ -220,17 +220,25 @@ async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
 
 
 def get_json(url: str, timeout_s: float = 30.0) -> dict:
-    """Blocking GET of a JSON document (``/v1/models``); a clear error naming the URL."""
+    """Blocking GET of a JSON document (``/v1/models``); a clear error naming the URL, also
+    when something answers that is not an OpenAI-compatible server (a body that is not JSON:
+    what came back is quoted)."""
     async def go():
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
             async with s.get(url) as resp:
+                text = await resp.text(errors="replace")
                 if resp.status != 200:
-                    raise ValueError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
-                return await resp.json(content_type=None)
+                    raise ValueError(f"{url}: HTTP {resp.status}: {text[:200]!r}")
+                return resp.headers.get("Content-Type", "no content type"), text
     try:
-        return asyncio.run(go())
+        ctype, text = asyncio.run(go())
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         raise ValueError(f"{url}: {type(e).__name__}: {e}") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(f"{url}: not a vLLM server: the answer is not JSON ({ctype}, "
+                         f"{len(text)} characters: {text[:80]!r})") from None
 
 
 def scrape_metrics(base_url: str, timeout_s: float = 30.0
@@ -260,7 +268,12 @@ def post_json(url: str, body: dict, timeout_s: float = 60.0) -> tuple[int, str]:
 def served_models(base_url: str) -> tuple[str | None, set[str]]:
     """(base model id, LoRA adapter ids) listed by ``/v1/models`` (adapters have a ``parent``
     other than themselves, as in vLLM)."""
-    data = get_json(f"{base_url}/v1/models").get("data", [])
+    url = f"{base_url}/v1/models"
+    doc = get_json(url)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+        raise ValueError(f"{url}: not a vLLM server: expected {{\"data\": [models]}}, got "
+                         f"{json.dumps(doc)[:80]!r}")
     base = None
     loras = set()
     for m in data:

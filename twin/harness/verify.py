@@ -88,7 +88,10 @@ def check_endpoints(workload: PlanWorkload, urls: Sequence[str]) -> None:
         raise ValueError(f"--endpoints: the plan has {len(workload.gpus)} GPUs, "
                          f"{len(urls)} endpoints given")
     for g, url in zip(workload.gpus, urls):
-        _, loras = served_models(url)
+        try:
+            _, loras = served_models(url)
+        except ValueError as e:
+            raise ValueError(f"--endpoints {url} (GPU {g.gpu}): {e}") from None
         missing = [a.id for a in g.adapters if a.id not in loras]
         if missing:
             raise ValueError(f"--endpoints {url} (GPU {g.gpu}): {len(missing)} of the GPU's "
