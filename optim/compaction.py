@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .amax_search import twin_best_amax
 from .balance import balanced_members
-from .feasibility import lora_gpu_lower_bound
+from .feasibility import lora_gpu_lower_bound, raise_bound_to
 from .instance import Instance
 from .placement import GpuPlan, Placement, plan_gpu
 from .verify import verify
@@ -57,8 +57,9 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
 def compact(inst: Instance, placement: Placement, duration_s: float | None = None,
             workers: int | None = None) -> Placement:
     """``placement`` (twin-accepted) with as few GPUs as the attempts of the module docstring
-    reach; ``params`` gain ``lower_bound`` (twin-sound, for the window ``duration_s``) and
-    ``compaction_attempts``. A placement that is not
+    reach; ``params`` gain ``lower_bound`` (twin-sound, for the window ``duration_s``; where the
+    result is one GPU above it, raised by the exclusion checks when they succeed,
+    ``feasibility.raise_bound_to``) and ``compaction_attempts``. A placement that is not
     accepted, or splits an adapter over GPUs, is returned unchanged apart from ``params``."""
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     lb = lora_gpu_lower_bound(inst, dur, workers)
@@ -75,6 +76,8 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
                            "each GPU's Amax chosen by the twin "
                            f"({', '.join(str(g.max_loras) for g in smaller.gpus)})")
             p = smaller.with_(repairs=tuple(changes))
+    if p.verdict == "accepted" and not splits and p.n_gpus == lb + 1:
+        lb = raise_bound_to(inst, lb, p.n_gpus, dur, workers)   # certify where one step is left
     return p.with_(params={**p.params, "lower_bound": lb, "compaction_attempts": tries})
 
 

@@ -647,6 +647,24 @@ def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
     return twin_lower_bound(inst, duration_s, workers, pair_checks).best
 
 
+def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
+                   workers: int | None = None) -> int:
+    """``target`` when the twin-sound exclusions show that no twin-accepted placement uses
+    ``target - 1`` = ``lb`` GPUs, else ``lb``: the checks a certificate needs when a placement
+    is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
+    spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs:
+    ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound)."""
+    if target != lb + 1 or lb < 1:
+        return lb
+    if lb == 1:
+        return target if one_gpu_excluded(inst, duration_s, workers) else lb
+    if fullest_gpu_excluded(inst, lb, duration_s, workers):
+        return target
+    if busiest_gpu_excluded(inst, lb, duration_s, workers):
+        return target
+    return lb
+
+
 def twin_certificate(inst: Instance, placement, duration_s: float | None = None
                      ) -> tuple[bool, int]:
     """(certified, bound): ``certified`` when ``placement`` is twin-accepted and its GPU count
@@ -656,6 +674,8 @@ def twin_certificate(inst: Instance, placement, duration_s: float | None = None
     dur = duration_s if duration_s is not None else (placement.verify_duration_s
                                                     or inst.duration_s)
     lb = lora_gpu_lower_bound(inst, dur)
+    if placement.verdict == "accepted" and placement.gpus and placement.n_gpus == lb + 1:
+        lb = raise_bound_to(inst, lb, placement.n_gpus, dur)
     ok = placement.verdict == "accepted" and bool(placement.gpus) and placement.n_gpus == lb
     return ok, lb
 

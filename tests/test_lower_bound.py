@@ -392,3 +392,30 @@ def test_busiest_gpu_steps_raise_the_bound(monkeypatch):
     assert b.to_dict()["busiest_excluded_to"] == 2
     monkeypatch.setattr(feas, "busiest_gpu_excluded", lambda inst_, k, *a, **kw: ks.append(k))
     assert twin_lower_bound(inst).best == 2 and ks == [2, 2]      # not shown: bound stays
+
+
+def test_raise_bound_to_runs_the_exclusion_that_closes_one_step(monkeypatch):
+    """One GPU above the bound, the certificate runs the exclusion for bound GPUs without the
+    load thresholds: one GPU -> the exact one-GPU check; k >= 2 -> fullest, then busiest; a
+    failed check leaves the bound; any other gap runs nothing."""
+    import optim.feasibility as feas
+    calls = []
+
+    def rec(name, answer):
+        def f(inst, *a, **k):
+            calls.append((name, a[0] if name != "one" else None))
+            return answer
+        return f
+
+    inst = _pair_inst()
+    monkeypatch.setattr(feas, "one_gpu_excluded", rec("one", True))
+    monkeypatch.setattr(feas, "fullest_gpu_excluded", rec("fullest", False))
+    monkeypatch.setattr(feas, "busiest_gpu_excluded", rec("busiest", True))
+    assert feas.raise_bound_to(inst, 1, 2, DUR) == 2 and calls == [("one", None)]
+    calls.clear()
+    assert feas.raise_bound_to(inst, 3, 4, DUR) == 4
+    assert calls == [("fullest", 3), ("busiest", 3)]
+    calls.clear()
+    assert feas.raise_bound_to(inst, 2, 4, DUR) == 2 and calls == []     # two steps: nothing
+    monkeypatch.setattr(feas, "busiest_gpu_excluded", rec("busiest", False))
+    assert feas.raise_bound_to(inst, 3, 4, DUR) == 3
