@@ -106,3 +106,73 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _hard_cpsat_model():
+    from ortools.sat.python import cp_model
+    n = 60
+    m = cp_model.CpModel()
+    x = [[m.NewBoolVar("") for _ in range(n)] for _ in range(n)]
+    y = [m.NewBoolVar("") for _ in range(n)]
+    for i in range(n):
+        m.AddExactlyOne(x[i])
+    for j in range(n):
+        m.Add(sum((i % 7 + 3) * x[i][j] for i in range(n)) <= 11)
+        for i in range(n):
+            m.AddImplication(x[i][j], y[j])
+    m.Minimize(sum(y))
+    return m
+
+
+def _hard_pyomo_model():
+    import pyomo.environ as pyo
+    n = 40
+    m = pyo.ConcreteModel()
+    m.x = pyo.Var(range(n), range(n), domain=pyo.Binary)
+    m.y = pyo.Var(range(n), domain=pyo.Binary)
+    m.a = pyo.Constraint(range(n), rule=lambda m, i: sum(m.x[i, j] for j in range(n)) == 1)
+    m.c = pyo.Constraint(range(n), rule=lambda m, j: sum((i % 7 + 3) * m.x[i, j]
+                                                         for i in range(n)) <= 11 * m.y[j])
+    m.o = pyo.Objective(expr=sum(m.y.values()))
+    return m
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "highs"])
+def test_every_c_solver_of_the_exact_loop_is_interruptible(solver):
+    """``interruptible_c_solvers`` (around ``solve_exact``) also covers the solves that do not
+    go through ``run_interruptible`` themselves (arc-flow model and LP dive, templates): a
+    Ctrl-C 1 s into a 30 s search raises ``Interrupted`` at once, and the patch is undone."""
+    import os
+    import threading
+
+    import highspy
+    from ortools.sat.python import cp_model
+
+    from optim.exact.loop import interruptible_c_solvers
+    from twin.cli_support import Interrupted
+    if solver == "cpsat":
+        model = _hard_cpsat_model()
+
+        def work():
+            s = cp_model.CpSolver()
+            s.parameters.max_time_in_seconds = 30
+            s.parameters.num_workers = 2
+            s.Solve(model)
+    else:
+        from pyomo.contrib.appsi.solvers import Highs
+        model = _hard_pyomo_model()
+
+        def work():
+            s = Highs()
+            s.config.time_limit = 30
+            s.config.load_solution = False
+            s.solve(model)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(Interrupted):
+        with interruptible_c_solvers():
+            work()
+    assert time.monotonic() - t0 < 1.0 + EXIT_WITHIN_S
+    assert "run" not in highspy.Highs.__dict__
+    assert cp_model.CpSolver.solve.__qualname__ == "CpSolver.solve"

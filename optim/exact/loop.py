@@ -46,7 +46,9 @@ for a verified surrogate-mode answer the twin-sound bound (the surrogate's bound
 from __future__ import annotations
 
 import math
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -372,12 +374,60 @@ def solve_exact(inst: Instance, objective=None, solver: str = "milp",
     moment (see ``_interrupted_best``), or None when there is none yet."""
     state: dict[str, Any] = {"starts": []}
     try:
-        return _solve_exact(inst, objective, solver, time_limit_s, threads, warm_start, verify,
-                            duration_s, workers, max_iterations, cut_mode, models, problem,
-                            bounds, method_name, given, state)
+        with interruptible_c_solvers():
+            return _solve_exact(inst, objective, solver, time_limit_s, threads, warm_start,
+                                verify, duration_s, workers, max_iterations, cut_mode, models,
+                                problem, bounds, method_name, given, state)
     except KeyboardInterrupt as e:
         best = _interrupted_best(inst, state, e)
         raise Interrupted(best, "exact search interrupted") from None
+
+
+@contextmanager
+def interruptible_c_solvers():
+    """Within the block every CP-SAT ``CpSolver.solve`` and highspy ``Highs.run`` — also those
+    of ``arcflow`` (model and LP dive) and ``templates``, which do not go through
+    ``run_interruptible`` themselves — runs in a helper thread with CP-SAT's own SIGINT catcher
+    off (it would end the search as at a time limit and swallow Ctrl-C), so that Ctrl-C and
+    SIGTERM stop it at once (``Interrupted`` without a partial result: the loop falls back to
+    the best placement it knows). Calls already in a helper thread (``solve_cpsat``,
+    ``solve_milp``) run as they are."""
+    import highspy
+    from ortools.sat.python import cp_model
+
+    cp_solve = cp_model.CpSolver.solve
+    hs_run = highspy.Highs.run
+    hs_own = "run" in highspy.Highs.__dict__      # else inherited from the C++ base
+
+    def solve(self, model, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return cp_solve(self, model, *args, **kwargs)
+        self.parameters.catch_sigint_signal = False
+        r, interrupted = run_interruptible(lambda: cp_solve(self, model, *args, **kwargs),
+                                           self.stop_search)
+        if interrupted:
+            raise Interrupted(None, "cp-sat search interrupted")
+        return r
+
+    def run(self):
+        if threading.current_thread() is not threading.main_thread():
+            return hs_run(self)
+        self.HandleUserInterrupt = True          # highspy's interrupt callbacks read cancelSolve
+        r, interrupted = run_interruptible(lambda: hs_run(self), self.cancelSolve)
+        if interrupted:
+            raise Interrupted(None, "HiGHS solve interrupted")
+        return r
+
+    cp_model.CpSolver.solve = solve
+    highspy.Highs.run = run
+    try:
+        yield
+    finally:
+        cp_model.CpSolver.solve = cp_solve
+        if hs_own:
+            highspy.Highs.run = hs_run
+        else:
+            del highspy.Highs.run
 
 
 def _interrupted_best(inst: Instance, state: dict[str, Any], e: KeyboardInterrupt
