@@ -44,6 +44,7 @@ greedy_total_gpus=<n> certified_optimal=<c>/<points>`` (reduction over MaxBase s
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -215,6 +216,61 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks: int) -> str:
+    """What a stored point depends on: instance content, method, window, options, the twin's
+    fingerprint of every profile and the code's commit (a code change reruns the point)."""
+    import hashlib
+    import json as _json
+    import subprocess
+    from optim.capacity import twin_fingerprint
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    blob = _json.dumps({"instance": inst.to_dict(), "method": method, "duration_s": duration_s,
+                        "max_extra": max_extra, "pair_checks": pair_checks, "commit": commit,
+                        "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]},
+                       sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class RowStore:
+    """Rows of finished points in a JSON-lines file, appended as each finishes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: dict[str, dict] = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue             # a line cut by an interruption
+                self.rows[rec["key"]] = rec["row"]
+
+    def get(self, key: str) -> dict | None:
+        return self.rows.get(key)
+
+    def put(self, key: str, row: dict) -> None:
+        self.rows[key] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"key": key, "row": row}, default=_plain) + "\n")
+
+
+def _plain(x):
+    """JSON form of numpy scalars (the rows hold some)."""
+    import numpy as np
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return str(x)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.gpu_savings",
                                  description=__doc__.split("\n")[0])
@@ -235,6 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pair-checks", type=int, default=PAIR_CHECKS,
                     help="GPU checks the bound may spend showing that no split over two GPUs "
                          "is accepted, where two are left (0: skip; default %(default)s)")
+    ap.add_argument("--store", default=str(REPO / "results" / "gpu_savings" / "points.jsonl"),
+                    help="each point's row is appended here as it finishes, keyed by instance, "
+                         "method, window, options, the twins' fingerprints and the commit; a "
+                         "rerun takes the stored rows (resumes an interrupted study); '' "
+                         "turns it off")
     ap.add_argument("--rebound", default=None, metavar="ROWS.json",
                     help="no solving: read the rows an earlier run wrote with --json, recompute "
                          "each instance's lower bound (same window) with the current code, and "
@@ -281,15 +342,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths_iter: list[Path] = []
     else:
         paths_iter = paths
+    store = RowStore(Path(a.store)) if a.store else None
     for path in tqdm(paths_iter, desc="instances", unit="inst"):
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
+        keys = {m: point_key(inst, m, dur, a.max_extra, a.pair_checks) for m in methods}
+        if store is not None and all(store.get(k) is not None for k in keys.values()):
+            rows += [store.get(keys[m]) for m in methods]
+            continue
         bound = twin_lower_bound(inst, dur, a.workers, a.pair_checks)
         for m in methods:
+            hit = store.get(keys[m]) if store is not None else None
+            if hit is not None:
+                rows.append(hit)
+                continue
             r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
-            rows.append({"instance": inst.name, **sc, "lb": bound.best,
-                         "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r})
+            row = {"instance": inst.name, **sc, "lb": bound.best,
+                   "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r}
+            rows.append(row)
+            if store is not None:
+                store.put(keys[m], row)
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
