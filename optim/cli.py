@@ -91,9 +91,11 @@ def _solve_and_report(a: argparse.Namespace, inst, json_out, vllm_out, workers) 
         print(f"solving {inst.name} with {a.method}, then replaying it in the twin "
               f"({a.duration or inst.duration_s:g} s window; progress on stderr)", file=sys.stderr)
     twin.fleet.show_progress = not a.quiet
+    from .exact.loop import interruptible_c_solvers
     try:
-        p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
-                  duration_s=a.duration, workers=workers)
+        with interruptible_c_solvers():    # CP-SAT / HiGHS of any method stop on Ctrl-C
+            p = solve(inst, a.method, objective=a.objective, options=opts, verify=a.verify,
+                      duration_s=a.duration, workers=workers)
     except Interrupted as e:     # Ctrl-C / SIGTERM: keep the best placement found so far
         _write_interrupted(e.partial, json_out)
         raise
