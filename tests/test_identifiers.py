@@ -171,3 +171,15 @@ def test_plan_loading_refuses_control_characters_and_normalises_ids():
         Placement.from_dict(_plan(ids=(NFC, NFD)))
     p = Placement.from_dict(_plan(ids=(NFD,)))
     assert p.gpus[0].adapters[0][0].id == NFC
+
+
+def test_twin_derive_refuses_a_gpu_spec_name_with_control_characters(tmp_path, capsys):
+    spec = {"name": "evil\u202eGPU", "memory_gib": 80, "hbm_bandwidth_gbs": 3350,
+            "bf16_dense_tflops": 989, "host_link_gbs": 64, "tdp_w": 700, "idle_w": 100}
+    p = tmp_path / "mygpu.json"
+    p.write_text(json.dumps(spec))
+    out = tmp_path / "derived.json"
+    line = refused_one_line(twin_main, ["derive", "--gpu", p, "--model", LLAMA, "--out", out],
+                            capsys, out)
+    assert line.startswith("error: --gpu mygpu: name 'evil\\u202eGPU' contains the "
+                           "control/format character U+202E (RIGHT-TO-LEFT OVERRIDE)")

@@ -267,6 +267,12 @@ def derive_profile(source: GpuProfile, gpu: GpuSpec, model: ModelConfig,
 
     if name is not None:        # an empty --name is refused, not silently replaced
         name = clean_identifier(name, "--name", what="profile name")
+    for opt, spec in (("--gpu", gpu), ("--model", model), ("--from-gpu", src_gpu),
+                      ("--from-model", src_model)):
+        if spec is not None:            # ids and names are printed into the profile
+            clean_identifier(spec.id, opt, what="id")
+            if getattr(spec, "name", None) is not None:
+                clean_identifier(spec.name, f"{opt} {spec.id}", what="name")
     check_ranges(gpu, GPU_SPEC_RANGES, "--gpu")
     check_ranges(model, MODEL_CONFIG_RANGES, "--model")
     if src_gpu is not None:
