@@ -104,17 +104,12 @@ class GpuPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "gpu") -> "GpuPlan":
         """A GPU of a plan file; names and adapter ids are NFC-normalised and refused with
-        control or format characters (``twin.identifiers``), naming ``where`` and the field."""
+        control or format characters (``twin.identifiers``), naming ``where`` and the field
+        (an id listed twice on one GPU, also after normalisation, is left to the plan checks
+        of its reader, e.g. ``optim.deploy.check_plan``)."""
         adapters = tuple((Adapter(clean_identifier(x["id"], f"{where}.adapters[{j}].id",
                                                    what="adapter id"), x["rank"], x["rate"]),
                           float(x["share"])) for j, x in enumerate(d["adapters"]))
-        first: dict[str, int] = {}
-        for j, (a, _) in enumerate(adapters):
-            if a.id in first:
-                raise ValueError(f"{where}.adapters[{j}].id: duplicate adapter id {a.id!r} on "
-                                 f"one GPU (first at adapters[{first[a.id]}]; ids are compared "
-                                 "after Unicode NFC normalisation)")
-            first[a.id] = j
         return cls(clean_identifier(d["gpu_type"], f"{where}.gpu_type", what="GPU type name"),
                    clean_identifier(d["profile"], f"{where}.profile", what="profile name"),
                    int(d["max_loras"]), int(d["max_lora_rank"]), adapters,

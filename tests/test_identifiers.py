@@ -167,10 +167,19 @@ def test_plan_loading_refuses_control_characters_and_normalises_ids():
     with pytest.raises(ValueError) as e:
         Placement.from_dict(_plan(gpu_type="h100\u202e"))
     assert str(e.value).startswith("gpus[0].gpu_type: GPU type name 'h100\\u202e' contains")
-    with pytest.raises(ValueError, match=r"gpus\[0\].adapters\[1\].id: duplicate adapter id"):
-        Placement.from_dict(_plan(ids=(NFC, NFD)))
     p = Placement.from_dict(_plan(ids=(NFD,)))
     assert p.gpus[0].adapters[0][0].id == NFC
+    p = Placement.from_dict(_plan(ids=(NFC, NFD)))      # one id twice: the readers refuse it
+    assert [a.id for a, _ in p.gpus[0].adapters] == [NFC, NFC]
+
+
+def test_optim_deploy_refuses_a_plan_listing_one_id_in_two_normalisations(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_plan(ids=(NFC, NFD))), encoding="utf-8")
+    out = tmp_path / "out"
+    line = refused_one_line(optim_main, ["deploy", plan, "--out", out], capsys)
+    assert line == f"error: {plan}: gpu 0: adapter '{NFC}': listed twice on this GPU"
+    assert not out.exists()
 
 
 def test_twin_derive_refuses_a_gpu_spec_name_with_control_characters(tmp_path, capsys):
