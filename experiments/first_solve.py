@@ -10,9 +10,10 @@ greedy`` runs. Printed per instance: the wall time of the whole command, the tim
 twin lower bound's measurements (``feasibility.twin_lower_bound``, first call) and its share.
 
 Targets (issue 25): every ``instances/small`` instance and every paper instance with <= 160
-adapters within 60 s; 768-adapter paper instances within 120 s. ``--quick``: every small
-instance with an even index, and the paper instances the gpu_savings quick set holds (Llama,
-each scenario's 4 smallest counts) plus the three Llama 768-adapter ones.
+adapters within 60 s; 768-adapter paper instances within 120 s. ``--quick``: the small
+instances whose index is 0 or 1 mod 4 (both base models), the paper instances the gpu_savings
+quick set holds (Llama, each scenario's 4 smallest counts) and the three Llama 768-adapter
+ones.
 
 Resumable: each instance's row is appended to ``--resume`` (default
 ``results/first_solve/rows.jsonl``) as it finishes, keyed by the instance, the method and the
@@ -59,7 +60,7 @@ def pick(sets: Sequence[str], quick: bool, max_adapters: int | None) -> list[Pat
     for s in sets:
         paths = sorted(SETS[s].glob("*.json"))
         if s == "small" and quick:
-            paths = [p for p in paths if int(p.stem.split("-")[1]) % 2 == 0]
+            paths = [p for p in paths if int(p.stem.split("-")[1]) % 4 in (0, 1)]  # both models
         if s == "paper":
             if quick:
                 sel = select_instances(paths, True)

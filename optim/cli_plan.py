@@ -71,7 +71,8 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--pool", action="append", metavar="TYPE=COUNT[@PRICE]",
                    help="a GPU type of a mixed pool with how many are available and its "
                         "$/GPU-hour (repeat; replaces --gpu)")
-    s.add_argument("--objective", choices=("gpus", "cost", "energy"), default="gpus")
+    s.add_argument("--objective", choices=("gpus", "cost", "energy"), default="gpus",
+                   help="what to minimise: GPUs, $/hour of the pool's prices, or energy")
     s.add_argument("--method", default="greedy",
                    help="placement method (greedy; milp, cpsat or auto for exact search)")
     s.add_argument("--time-limit", type=float_above(0.0), default=None, metavar="S",

@@ -60,6 +60,11 @@ class PoolEntry:
 
 def parse_pool(text: str) -> PoolEntry:
     """``TYPE=COUNT[@PRICE]`` (e.g. ``H100=8@2.49``) as a :class:`PoolEntry`."""
+    from twin.identifiers import identifier
+    try:
+        identifier(text, "--pool entry")
+    except ValueError as e:
+        raise PlanError(f"--pool: {e}") from None
     m = _POOL.match(text.strip())
     if not m:
         raise PlanError(f"--pool {text!r}: expected TYPE=COUNT[@PRICE], e.g. H100=8@2.49")
@@ -87,6 +92,11 @@ def resolve_gpu(name: str, model: str) -> str:
     preferring the one with a measured profile of ``model`` (``H100`` -> ``H100-64GB`` for the shipped Llama
     and Qwen profiles)."""
     from twin.gpu_catalog import gpu_ids
+    from twin.identifiers import identifier
+    try:
+        name = identifier(name, "GPU type")
+    except ValueError as e:
+        raise PlanError(f"--gpu: {e}") from None
     ids = gpu_ids()
     low = {i.lower(): i for i in ids}
     if name.lower() in low:
@@ -147,6 +157,12 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
         model_config(model)
     except ModelConfigError as e:
         raise PlanError(f"--model {model!r}: {e}") from None
+    if name is not None:
+        from twin.identifiers import identifier
+        try:
+            name = identifier(name, "plan name")
+        except ValueError as e:
+            raise PlanError(f"--name: {e}") from None
     stem = name or re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-") or "plan"
     base: dict[str, Any] = {"schema_version": 1, "name": stem,
                             "description": f"{path.name}; planned with optim plan",

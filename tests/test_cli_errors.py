@@ -602,8 +602,13 @@ def test_trace_row_with_a_billion_tokens_is_refused(tmp_path, capsys):
     trace = write(tmp_path / "t.csv", HEADER + "1,a,200,10,8\n2,a,1000000000,10,8\n")
     out = tmp_path / "run.json"
     assert one_line(twin_main, ["run", "--trace", trace, "--json", out], capsys, out) == (
-        "error: t.csv row 2: 1,000,000,000 input + 10 output tokens exceed the limit of "
-        "1,048,576 tokens per request (columns 'input_tokens', 'output_tokens')")
+        "error: t.csv row 2: 1,000,000,000 input + 10 output tokens exceed the profile's "
+        "max_model_len 131,072 (columns 'input_tokens', 'output_tokens')")
+    # above the profile's context, below the generic per-request limit: refused too
+    trace = write(tmp_path / "t2.csv", HEADER + "1,a,200,10,8\n2,a,200000,10,8\n")
+    assert one_line(twin_main, ["run", "--trace", trace, "--json", out], capsys, out) == (
+        "error: t2.csv row 2: 200,000 input + 10 output tokens exceed the profile's "
+        "max_model_len 131,072 (columns 'input_tokens', 'output_tokens')")
 
 
 def test_trace_tokens_are_checked_against_the_profile_context(tmp_path):

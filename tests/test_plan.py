@@ -27,7 +27,8 @@ def test_parse_pool():
     assert parse_pool("A100-80GB=3") == PoolEntry("A100-80GB", 3, None)
     for bad, why in [("H100", "expected TYPE=COUNT"), ("H100=x", "COUNT must be an integer"),
                      ("H100=0", "COUNT must be in"), ("H100=2@-1", "PRICE must be in"),
-                     ("H100=2@nan", "PRICE must be in"), ("H100=2@cheap", "PRICE must be a")]:
+                     ("H100=2@nan", "PRICE must be in"), ("H100=2@cheap", "PRICE must be a"),
+                     ("H\u202e100=2", "control/format character")]:
         with pytest.raises(PlanError, match=why):
             parse_pool(bad)
 
@@ -40,6 +41,8 @@ def test_resolve_gpu_prefers_the_measured_profile():
         resolve_gpu("H", "llama-3.1-8b-instruct")
     with pytest.raises(PlanError, match="--gpu 'B200'"):
         resolve_gpu("B200", "llama-3.1-8b-instruct")
+    with pytest.raises(PlanError, match="--gpu: .*control/format character"):
+        resolve_gpu("H100\x00", "llama-3.1-8b-instruct")
 
 
 def test_plan_instance_from_csv(tmp_path):

@@ -213,7 +213,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.trace:
         check_input_file(a.trace, "--trace")
         # rates are set from the window below (1 s only lets the loader skip inferring them)
-        adapters, requests = load_trace_csv(a.trace, duration_s=a.duration or 1.0)
+        adapters, requests = load_trace_csv(a.trace, duration_s=a.duration or 1.0,
+                                            max_model_len=profile.max_model_len)
         window = _trace_window(requests, a.trace, a.duration)
         counts = np.bincount(requests.adapter, minlength=len(adapters))
         adapters = [replace(x, rate=int(c) / window) for x, c in zip(adapters, counts)]
@@ -555,16 +556,19 @@ def build_parser() -> argparse.ArgumentParser:
                                     "derived in every report.")
     dv.add_argument("--from", dest="source", default=DEFAULT_PROFILE,
                     help="measured source profile: a shipped name or a JSON path")
+    from .derive import GPU_SPEC_HELP, MODEL_CONFIG_HELP
     dv.add_argument("--gpu", required=True, help="GPU catalog id (H100-64GB, H100-80GB, "
-                                                 "A100-80GB, H200, L40S) or a JSON spec file")
+                                                 "A100-80GB, H200, L40S) or a JSON spec file; "
+                                                 + GPU_SPEC_HELP)
     dv.add_argument("--model", required=True, help="model config id (llama-3.1-8b-instruct, "
-                                                   "qwen-2.5-7b-instruct) or a JSON config file")
+                                                   "qwen-2.5-7b-instruct) or a JSON config "
+                                                   "file; " + MODEL_CONFIG_HELP)
     dv.add_argument("--from-gpu", default=None,
                     help="catalog id or JSON spec of the source profile's GPU (default: the "
-                         "catalog entry named by its 'gpu' field)")
+                         "catalog entry named by its 'gpu' field); " + GPU_SPEC_HELP)
     dv.add_argument("--from-model", default=None,
                     help="config id or JSON of the source profile's model (default: the config "
-                         "named by its 'model' field)")
+                         "named by its 'model' field); " + MODEL_CONFIG_HELP)
     dv.add_argument("--name", default=None, help="profile name (default: <model>@<gpu>-derived)")
     dv.add_argument("--out", required=True, help="profile JSON to write")
     dv.add_argument("--force", action="store_true", help="overwrite an existing --out file")
