@@ -128,7 +128,7 @@ COUNT_SEEDS = 4            # the first 4 of them for limits of several adapters
 LEAST_WORK_AMAX = (1, 2)   # one adapter: the configurations that can do the least work per step
 SPREAD_SIGMAS = 4.0        # margin: mean + 4 sample standard deviations over the seeds
 LIMIT_RTOL = 1e-3          # bisection resolution of a limit (relative)
-_LIMIT_VERSIONS = (1, 3)    # one adapter, several: bump when a measurement changes (disk cache)
+_LIMIT_VERSIONS = (1, 4)    # one adapter, several: bump when a measurement changes (disk cache)
 
 
 @dataclass(frozen=True)
@@ -326,23 +326,63 @@ def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: Length
         from .integer_search import search_max
         best, thr, _ = search_max(score, min(n_adapters + 1, top))
         # the overload optimum need not be the optimum at the limit: one slot per adapter
-        # (and one more) are bisected too, and every seed keeps its best
+        # (and one more) are tried too, and every seed keeps its best
         amaxes = sorted({best, n_adapters, n_adapters + 1} & set(range(1, top + 1)))
         guess = thr / threshold
+        per_seed, amax = _best_of_amaxes(prof, rank, n_adapters, best, amaxes, seeds, guess,
+                                         lengths, duration_s, threshold, pool)
+        return _carry_limit(prof, rank, n_adapters, amax, duration_s, threshold, seeds,
+                            per_seed, one)
     pairs = [(a, s) for a in amaxes for s in seeds]
     lims = _bisect_limits(prof, rank, n_adapters, pairs, guess, lengths, duration_s, threshold,
                           pool)
     by = {a: [lims[pairs.index((a, s))] for s in seeds] for a in amaxes}
     per_seed = [max(by[a][j] for a in amaxes) for j in range(len(seeds))]
     amax = max(amaxes, key=lambda a: (float(np.mean(by[a])), -a))
+    return _carry_limit(prof, rank, n_adapters, amax, duration_s, threshold, seeds, per_seed,
+                        None, by)
+
+
+def _best_of_amaxes(prof: GpuProfile, rank: int, n: int, best: int, amaxes: Sequence[int],
+                    seeds: tuple[int, ...], guess: float, lengths: LengthModel,
+                    duration_s: float, threshold: float, pool) -> tuple[list[float], int]:
+    """Per seed, the largest unstarved load over ``amaxes``, sharing work across them: ``best``
+    (the overload optimum) is bisected for every seed; another Amax is replayed once at that
+    seed's limit x (1 + ``LIMIT_RTOL``) and bisected upwards only where it is unstarved there
+    (it can only raise the seed's maximum then). The same maximum as bisecting every Amax, in
+    about a third of the replays. Returns (per-seed limits, the Amax that gave most of them)."""
+    lim = _bisect_limits(prof, rank, n, [(best, s) for s in seeds], guess, lengths, duration_s,
+                         threshold, pool)
+    won = {s: best for s in seeds}
+    others = [(a, s) for a in amaxes if a != best for s in seeds]
+    if others:
+        at = {s: lim[j] * (1 + LIMIT_RTOL) for j, s in enumerate(seeds)}
+        ok = _unstarved(prof, rank, n, [(a, at[s], s) for a, s in others], lengths, duration_s,
+                        threshold, pool)
+        up = [(a, s) for (a, s), good in zip(others, ok) if good]
+        if up:
+            more = _bisect_limits(prof, rank, n, up, max(at[s] for _, s in up), lengths,
+                                  duration_s, threshold, pool)
+            for (a, s), v in zip(up, more):
+                j = seeds.index(s)
+                if v > lim[j]:
+                    lim[j], won[s] = v, a
+    counts = {a: sum(1 for s in seeds if won[s] == a) for a in amaxes}
+    return list(lim), max(amaxes, key=lambda a: (counts[a], a == best, -a))
+
+
+def _carry_limit(prof: GpuProfile, rank: int, n: int, amax: int, duration_s: float,
+                 threshold: float, seeds: tuple[int, ...], per_seed: Sequence[float],
+                 one: CarryLimit | None, by: dict | None = None) -> CarryLimit:
+    """The ``CarryLimit`` of per-seed limits, with the spread margin of ``carry_limit``."""
     if one is None:                 # one adapter: the larger deviation of Amax 1 and 2
-        spread = max(float(np.std(by[a], ddof=1)) if len(seeds) > 1 else 0.0 for a in amaxes)
+        spread = max(float(np.std(v, ddof=1)) if len(seeds) > 1 else 0.0 for v in by.values())
     else:                           # the per-seed best; at least the one-adapter relative spread
         spread = float(np.std(per_seed, ddof=1)) if len(seeds) > 1 else 0.0
         spread = max(spread, one.spread_tps / one.limit_tps * float(np.mean(per_seed)))
     limit = max(max(per_seed), float(np.mean(per_seed)) + SPREAD_SIGMAS * spread)
-    return CarryLimit(prof.name, int(rank), int(n_adapters), int(amax), float(duration_s),
-                     float(threshold), seeds, tuple(per_seed), spread, limit)
+    return CarryLimit(prof.name, int(rank), int(n), int(amax), float(duration_s),
+                      float(threshold), seeds, tuple(float(x) for x in per_seed), spread, limit)
 
 
 def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
@@ -358,8 +398,9 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     of all (module docstring). ``n_adapters`` >= 2: the Amax of highest
     saturated throughput over every integer 1..min(n + 1, largest startable Amax), found by
     ``integer_search.search_max`` with the first seed at an overload of 1.05 x the one-adapter
-    limit; the limit is then bisected at that Amax, at Amax = n and at n + 1 for the first
-    ``COUNT_SEEDS`` seeds (each seed keeping its best), and the
+    limit; the limit is then bisected at that Amax for the first ``COUNT_SEEDS`` seeds, and
+    Amax = n and n + 1 raise a seed's limit where they carry more (``_best_of_amaxes``: each
+    seed keeps its best), and the
     spread taken is at least the one-adapter spread relative to its limit (measured on all
     seeds)."""
     prof = _profile(profile)
