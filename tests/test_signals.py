@@ -176,3 +176,23 @@ def test_every_c_solver_of_the_exact_loop_is_interruptible(solver):
     assert time.monotonic() - t0 < 1.0 + EXIT_WITHIN_S
     assert "run" not in highspy.Highs.__dict__
     assert cp_model.CpSolver.solve.__qualname__ == "CpSolver.solve"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_twin_run_stops_while_the_compiled_kernel_runs(sig, tmp_path):
+    """One long in-process simulation (2,000 adapters, a 20-hour window: the kernel alone runs
+    for many seconds): the kernel runs in a helper thread without the GIL, so the signal ends
+    the command at once, exit 130, no --json left behind."""
+    out = tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "twin", "run", "--adapters", "2000",
+                             "--rates", "0.02", "--duration", "72000", "--amax", "64",
+                             "--json", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(5.0)
+    assert proc.poll() is None, proc.stderr.read()
+    took = _stop(proc, sig)
+    err = proc.stderr.read()
+    assert proc.returncode == 130, err
+    assert took <= EXIT_WITHIN_S, f"exit {took:.2f} s after the signal"
+    assert "Traceback" not in err and err.strip().endswith("interrupted"), err
+    assert not out.exists()

@@ -82,7 +82,7 @@ def _add_to_batch(a, new, step_id, in_batch, batch_adapters, tok_of, n_distinct)
     return n_distinct
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)     # nogil: Ctrl-C reaches the main thread while it runs
 def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
                     max_num_seqs, duration, step_coef, max_waiting,

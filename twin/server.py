@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -131,13 +132,39 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
     stats = np.zeros(K.N_STATS)
     hist = np.zeros(K.ITL_HIST_BINS, np.int64)
     t0 = time.perf_counter()
-    K.simulate_kernel(
+    interruptible(
+        K.simulate_kernel,
         requests.arrival_s, requests.adapter.astype(np.int64), requests.input_len.astype(np.int64),
         requests.output_len.astype(np.int64), len(adapters), load_ms, order, config.max_loras,
         max_rank, kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
         config.max_num_seqs or profile.max_num_seqs, float(duration_s),
         profile.step_coef_array(), config.client_max_waiting or 0, first_t, finish_t, stats, hist)
     return KernelRun(first_t, finish_t, stats, hist, kv_blocks, time.perf_counter() - t0)
+
+
+def interruptible(fn, *args):
+    """``fn(*args)`` — a compiled call that releases the GIL — run so that Ctrl-C and SIGTERM
+    reach the main thread at once: there, in a helper thread the main one waits on (a signal
+    ends the wait with KeyboardInterrupt; the helper is a daemon, dropped when the command
+    exits); in any other thread (a fleet worker, a server), directly."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    box: dict = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["out"] = fn(*args)
+        except BaseException as e:          # re-raised in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="twin-kernel", daemon=True).start()
+    done.wait()
+    if "error" in box:
+        raise box["error"]
+    return box.get("out")
 
 
 def profile_under_cap(profile: GpuProfile, config: ServerConfig) -> GpuProfile:
