@@ -167,6 +167,10 @@ def test_every_c_solver_of_the_exact_loop_is_interruptible(solver):
             s.config.time_limit = 30
             s.config.load_solution = False
             s.solve(model)
+    # a CP-SAT solve elsewhere in this process with its own SIGINT catcher on (OR-Tools'
+    # default) leaves the C-level handler at SIG_DFL when it ends: the signal below would then
+    # kill the test process; installing Python's handler again puts it back
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     t0 = time.monotonic()
     timer.start()
@@ -174,6 +178,7 @@ def test_every_c_solver_of_the_exact_loop_is_interruptible(solver):
         with interruptible_c_solvers():
             work()
     assert time.monotonic() - t0 < 1.0 + EXIT_WITHIN_S
+    signal.signal(signal.SIGINT, old_handler)
     assert "run" not in highspy.Highs.__dict__
     assert cp_model.CpSolver.solve.__qualname__ == "CpSolver.solve"
 

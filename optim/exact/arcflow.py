@@ -515,6 +515,7 @@ def solve_arcflow_cpsat(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
         for k, kind in enumerate(G.kinds):
             m.AddHint(n[k], _gpus_of_kind(G, hint, k))
     s = cp_model.CpSolver()
+    s.parameters.catch_sigint_signal = False     # leave Ctrl-C to Python (twin.cli_support)
     s.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - t0))
     s.parameters.num_workers = int(threads or default_threads())
     s.parameters.random_seed = int(seed)

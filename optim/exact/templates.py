@@ -72,6 +72,7 @@ class _Model:
         for j, x in self.hint.items():
             m.AddHint(v[j], x)
         solver = cp_model.CpSolver()
+        solver.parameters.catch_sigint_signal = False   # leave Ctrl-C to Python
         solver.parameters.max_time_in_seconds = max(float(time_limit_s), 0.1)
         solver.parameters.num_workers = max(int(threads), 1)
         solver.parameters.random_seed = seed
