@@ -22,7 +22,9 @@ Every instance also gets the twin-sound lower bound ``lb`` on the GPUs of *any* 
 twin accepts with the same window (``optim.feasibility.twin_lower_bound``: the largest load an
 unstarved GPU carries, measured with the verification seeds and a spread margin, one-adapter
 and adapter-count-aware, then busiest- and fullest-GPU replays and, where two GPUs are left,
-every split of adapters and load with up to ``--pair-checks`` GPU checks), and ``lb_one`` (the
+every split of adapters and load with up to ``--pair-checks`` GPU checks; where the best
+method's count is one above it, the exclusion for that count without the load thresholds,
+``raise_bound_to``), and ``lb_one`` (the
 one-adapter part alone). A method's count is *certified optimal* at a point when the twin accepts its own placement with ``lb`` GPUs.
 
 MaxBase is reported both ways, each stated: ``maxbase`` is the GPUs its rule needs *scaled out*
@@ -54,7 +56,7 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from optim.feasibility import twin_lower_bound
+from optim.feasibility import raise_bound_to, twin_lower_bound
 from optim.instance import Instance, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
@@ -352,16 +354,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += [store.get(keys[m]) for m in methods]
             continue
         bound = twin_lower_bound(inst, dur, a.workers, a.pair_checks)
+        mine = []
         for m in methods:
             hit = store.get(keys[m]) if store is not None else None
             if hit is not None:
-                rows.append(hit)
+                mine.append(hit)
                 continue
             r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
-            row = {"instance": inst.name, **sc, "lb": bound.best,
-                   "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r}
+            mine.append({"instance": inst.name, **sc, "lb": bound.best,
+                         "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r})
+        # one GPU above the bound: the exclusion for that count, without the bound's load
+        # thresholds, may certify it (feasibility.raise_bound_to)
+        counts = [int(r["gpus"]) for r in mine if r.get("gpus") == r.get("gpus")
+                  and r.get("gpus") is not None]
+        if counts and min(counts) == bound.best + 1:
+            lb = raise_bound_to(inst, bound.best, min(counts), dur, a.workers)
+            mine = [{**r, "lb": lb} for r in mine]
+        for m, row in zip(methods, mine):
             rows.append(row)
-            if store is not None:
+            if store is not None and store.get(keys[m]) is None:
                 store.put(keys[m], row)
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
