@@ -293,11 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pair-checks", type=int, default=PAIR_CHECKS,
                     help="GPU checks the bound may spend showing that no split over two GPUs "
                          "is accepted, where two are left (0: skip; default %(default)s)")
-    ap.add_argument("--store", default=str(REPO / "results" / "gpu_savings" / "points.jsonl"),
-                    help="each point's row is appended here as it finishes, keyed by instance, "
-                         "method, window, options, the twins' fingerprints and the commit; a "
-                         "rerun takes the stored rows (resumes an interrupted study); '' "
-                         "turns it off")
+    ap.add_argument("--store", default=str(REPO / "experiments" / "evidence" /
+                                           "gpu_savings_points.jsonl"),
+                    help="each point's row is appended here as it finishes (a committed file: "
+                         "a later session continues the study), keyed by instance, method, "
+                         "window, options, the twins' fingerprints and the commit; a rerun "
+                         "takes the stored rows (resumes an interrupted study); '' turns it off")
     ap.add_argument("--rebound", default=None, metavar="ROWS.json",
                     help="no solving: read the rows an earlier run wrote with --json, recompute "
                          "each instance's lower bound (same window) with the current code, and "
