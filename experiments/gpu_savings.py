@@ -219,22 +219,25 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
 
 def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks: int) -> str:
-    """What a stored point depends on: instance content, method, window, options, the twin's
-    fingerprint of every profile and the code's commit (a code change reruns the point)."""
+    """What a stored point depends on: instance content, method, window, options and the twin's
+    fingerprint of every profile (a twin change reruns the point; the row records the commit it
+    was measured on)."""
     import hashlib
-    import json as _json
-    import subprocess
     from optim.capacity import twin_fingerprint
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    blob = _json.dumps({"instance": inst.to_dict(), "method": method, "duration_s": duration_s,
-                        "max_extra": max_extra, "pair_checks": pair_checks, "commit": commit,
-                        "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]},
-                       sort_keys=True, default=str)
+    blob = json.dumps({"instance": inst.to_dict(), "method": method, "duration_s": duration_s,
+                       "max_extra": max_extra, "pair_checks": pair_checks,
+                       "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _commit() -> str:
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 class RowStore:
@@ -297,8 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            "gpu_savings_points.jsonl"),
                     help="each point's row is appended here as it finishes (a committed file: "
                          "a later session continues the study), keyed by instance, method, "
-                         "window, options, the twins' fingerprints and the commit; a rerun "
-                         "takes the stored rows (resumes an interrupted study); '' turns it off")
+                         "window, options and the twins' fingerprints (the row records its "
+                         "commit); a rerun takes the stored rows; '' turns it off")
     ap.add_argument("--rebound", default=None, metavar="ROWS.json",
                     help="no solving: read the rows an earlier run wrote with --json, recompute "
                          "each instance's lower bound (same window) with the current code, and "
@@ -346,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         paths_iter = paths
     store = RowStore(Path(a.store)) if a.store else None
+    commit = _commit()
     for path in tqdm(paths_iter, desc="instances", unit="inst"):
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
@@ -363,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
             mine.append({"instance": inst.name, **sc, "lb": bound.best,
-                         "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r})
+                         "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r,
+                         "commit": commit})
         # one GPU above the bound: the exclusion for that count, without the bound's load
         # thresholds, may certify it (feasibility.raise_bound_to)
         counts = [int(r["gpus"]) for r in mine if r.get("gpus") == r.get("gpus")
