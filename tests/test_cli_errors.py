@@ -475,12 +475,13 @@ def test_surrogates_build_ctrl_c_saves_finished_scenarios_and_resumes(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stops the build with a
     one-line message and exit 130; every scenario reported finished is saved; the same command
     resumes."""
+    from tests.test_signals import sigint_default
     out = tmp_path / "d.parquet"
     cmd = [sys.executable, "-m", "surrogates", "build", "--profile", LLAMA, "--samples", "40",
            "--out", str(out), "--duration", "120", "--workers", "2", "--flush-seconds", "0.5",
            "--flush-every", "1000", "--quiet"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=sigint_default)
     parts = Path(str(out) + ".parts")
     deadline = time.time() + 120
     while time.time() < deadline and not (parts.exists() and any(parts.iterdir())):
@@ -498,13 +499,14 @@ def test_surrogates_build_ctrl_c_saves_finished_scenarios_and_resumes(tmp_path):
 
 
 def test_optim_solve_ctrl_c_during_the_twin_replay_is_one_line(tmp_path):
+    from tests.test_signals import sigint_default
     inst = tiny_instance(tmp_path, rate=1.5, n=32)
     err_file = tmp_path / "err.txt"
     with open(err_file, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(inst), "--method",
                                  "random", "--gpus", "4", "--duration", "7200", "--workers", "2"],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=sigint_default)
         deadline = time.time() + 120
         while time.time() < deadline and "twin replay" not in err_file.read_text():
             time.sleep(0.2)

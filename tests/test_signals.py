@@ -22,6 +22,13 @@ SIGNAL_AFTER_S = 10.0     # start-up, bounds and starts take 3-9 s on a loaded 2
 EXIT_WITHIN_S = 2.0
 
 
+def sigint_default() -> None:
+    """Child start-up: SIGINT at its default, as a terminal's foreground job has it (a job
+    started in the background by a non-interactive shell, as CI may run the tests, inherits
+    SIGINT ignored, and Python then installs no Ctrl-C handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(proc: subprocess.Popen, sig: int) -> float:
     """Send ``sig`` to ``proc`` alone; seconds until it exits."""
     t0 = time.monotonic()
@@ -43,7 +50,8 @@ def test_exact_solve_stops_at_once_and_keeps_the_best_placement(method, sig, tmp
     with open(err_file, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(HARD), "--method",
                                  method, "--no-verify", "--time-limit", "120", "--json", str(out),
-                                 "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+                                 "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=sigint_default)
         time.sleep(SIGNAL_AFTER_S)
         assert proc.poll() is None, err_file.read_text()
         took = _stop(proc, sig)
@@ -69,7 +77,8 @@ def test_sigterm_during_the_fleet_replay_ends_the_workers(tmp_path):
     with open(err_file, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(inst), "--method",
                                  "random", "--gpus", "4", "--duration", "20000", "--workers", "2"],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=sigint_default)
         deadline = time.time() + 120
         while time.time() < deadline and "twin replay" not in err_file.read_text():
             time.sleep(0.2)
@@ -192,7 +201,7 @@ def test_twin_run_stops_while_the_compiled_kernel_runs(sig, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "twin", "run", "--adapters", "2000",
                              "--rates", "0.02", "--duration", "72000", "--amax", "64",
                              "--json", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     time.sleep(5.0)
     assert proc.poll() is None, proc.stderr.read()
     took = _stop(proc, sig)
