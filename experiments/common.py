@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 from pathlib import Path
 
 from surrogates.metrics import mape, smape  # noqa: F401  (DESIGN.md section 6 definitions)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_ENV = "LORA_SHARED_DATA"
+
+
+def git_commit(mark_changes: bool = False) -> str:
+    """The checkout's short commit hash (``unknown`` outside git); with ``mark_changes``,
+    ``+changes`` appended when tracked files differ from it."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        if mark_changes:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                   cwd=REPO, capture_output=True, text=True,
+                                   timeout=10).stdout
+            out += "+changes" if dirty.strip() else ""
+        return out or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def shared_data_dir() -> Path:

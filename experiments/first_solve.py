@@ -37,7 +37,7 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from .common import REPO, markdown_table
+from .common import REPO, git_commit, markdown_table
 from .gpu_savings import select_instances
 
 SETS = {"small": REPO / "instances" / "small", "paper": REPO / "instances" / "paper"}
@@ -72,14 +72,6 @@ def pick(sets: Sequence[str], quick: bool, max_adapters: int | None) -> list[Pat
                 paths = [p for p in paths if int(_PAPER.match(p.stem)["n"]) <= max_adapters]
         out += paths
     return out
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def solve_once(path: Path, method: str, workers: int | None) -> dict:
@@ -140,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = pick(sets, a.quick, a.max_adapters)
     store = Path(a.resume)
     store.parent.mkdir(parents=True, exist_ok=True)
-    commit = _commit()
+    commit = git_commit()
     done: dict[str, dict] = {}
     if store.is_file():
         for line in store.read_text().splitlines():

@@ -60,7 +60,7 @@ from optim.feasibility import raise_bound_to, twin_lower_bound
 from optim.instance import Instance, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
-from .common import REPO
+from .common import REPO, git_commit
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
@@ -231,15 +231,6 @@ def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _commit() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 class RowStore:
     """Rows of finished points in a JSON-lines file, appended as each finishes."""
 
@@ -349,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         paths_iter = paths
     store = RowStore(Path(a.store)) if a.store else None
-    commit = _commit()
+    commit = git_commit()
     for path in tqdm(paths_iter, desc="instances", unit="inst"):
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)

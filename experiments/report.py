@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from .common import REPO, shared_data_dir
+from .common import REPO, git_commit, shared_data_dir
 
 STORE = REPO / "experiments" / "evidence"
 RESULTS_MD = REPO / "experiments" / "RESULTS.md"
@@ -90,17 +90,6 @@ def machine() -> str:
             f"Python {platform.python_version()}, {platform.system()}")
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                             capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout
-        return out.stdout.strip() + ("+changes" if dirty.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _last_line(text: str) -> str:
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     return lines[-1] if lines else ""
@@ -123,7 +112,8 @@ def run_study(s: Study) -> dict:
     wall = time.perf_counter() - t0
     return {"name": s.name, "question": s.question,
             "command": "python " + " ".join(args).replace(str(shared), "$LORA_SHARED_DATA"),
-            "commit": commit(), "date": start.strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(mark_changes=True),
+            "date": start.strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine(), "load_average_start": round(load0, 2),
             "load_average_end": round(os.getloadavg()[0], 2), "wall_s": round(wall, 1),
             "exit": rc, "figures": _last_line(out),
@@ -164,7 +154,7 @@ def write_results(path: Path = RESULTS_MD) -> None:
         f = STORE / f"{s.name}.json"
         if f.is_file():
             recs.append(json.loads(f.read_text()))
-    head = commit()
+    head = git_commit(mark_changes=True)
     lines = ["# Results", "",
              "Written by `python -m experiments.report` from the stored runs in "
              "`experiments/evidence/` (rerun a study with `python -m experiments.report --only NAME "
@@ -213,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif a.quick:
         chosen = [s for s in STUDIES if s.quick]
     STORE.mkdir(parents=True, exist_ok=True)
-    head = commit()
+    head = git_commit(mark_changes=True)
     for s in chosen:
         f = STORE / f"{s.name}.json"
         if f.is_file() and not a.rerun and json.loads(f.read_text()).get("commit") == head:
