@@ -230,6 +230,14 @@ def _limit_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, durati
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _carry_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, duration_s: float,
+               seeds: tuple[int, ...], threshold: float) -> str:
+    """Cache key of ``carry_limit``: several adapters are measured on the first
+    ``COUNT_SEEDS`` seeds (their spread floor comes from the one-adapter limit on all)."""
+    return _limit_key(prof, rank, n, lengths, duration_s,
+                      seeds if n == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold)
+
+
 def _equal_jobs(prof: GpuProfile, rank: int, n: int, amax: int, loads: Sequence[float],
                 lengths: LengthModel, threshold: float):
     from twin.fleet import GpuAssignment
@@ -412,8 +420,7 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     top = max_startable_amax(prof, rank)
     if top < 1:
         raise ValueError(f"profile '{prof.name}': no configuration with rank {rank} starts")
-    key = _limit_key(prof, rank, n_adapters, lengths, duration_s,
-                     seeds if n_adapters == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold)
+    key = _carry_key(prof, rank, n_adapters, lengths, duration_s, seeds, threshold)
     if key in _cache:
         return _cache[key]
     hit = _disk_get(key)
@@ -425,19 +432,16 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     if n_adapters > 1:
         one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers)
         seeds = seeds[:COUNT_SEEDS]
-    n_workers = workers or os.cpu_count() or 1
+    from contextlib import nullcontext
+    from concurrent.futures import ProcessPoolExecutor
     from twin.fleet import installed_pool
-    if n_workers > 1 and installed_pool() is not None:
+    n_workers = workers or os.cpu_count() or 1
+    shared = installed_pool()     # the command's worker processes (twin.fleet.use_backend)
+    runner = (nullcontext(None) if n_workers <= 1 else nullcontext(shared) if shared is not None
+              else ProcessPoolExecutor(max_workers=n_workers))
+    with runner as pool:
         out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
-                             one, installed_pool())
-    elif n_workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold,
-                                 top, one, pool)
-    else:
-        out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
-                             one, None)
+                             one, pool)
     _cache[key] = out
     _disk_put(key, out.to_dict())
     return out
@@ -448,10 +452,8 @@ def limit_is_cached(profile: GpuProfile | str, rank: int, n_adapters: int,
                     threshold: float) -> bool:
     """True when ``carry_limit`` with these arguments needs no measurement (in memory, in the
     user's cache or in the shipped file)."""
-    prof = _profile(profile)
-    seeds = tuple(int(s) for s in seeds)
-    key = _limit_key(prof, rank, n_adapters, lengths, duration_s,
-                     seeds if n_adapters == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold)
+    key = _carry_key(_profile(profile), rank, n_adapters, lengths, duration_s,
+                     tuple(int(s) for s in seeds), threshold)
     return key in _cache or _disk_get(key) is not None
 
 
