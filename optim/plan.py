@@ -26,7 +26,7 @@ import math
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -213,13 +213,9 @@ def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
 
 
 def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0):
-    from twin.fleet import GpuAssignment
-    from twin.server import ServerConfig
-    cfg = ServerConfig(max_loras=int(amax), max_lora_rank=plan.max_lora_rank,
-                       starvation_threshold=thr, power_cap_w=plan.power_cap_w)
-    ads = tuple((Adapter(a.id, a.rank, a.rate * scale), s)
-                for a, s in sorted(plan.adapters, key=lambda p: p[0].id))
-    return GpuAssignment(plan.profile, cfg, ads)
+    """``plan`` as a fleet-twin job at Amax ``amax`` with every adapter's rate x ``scale``."""
+    ads = tuple((Adapter(a.id, a.rank, a.rate * scale), s) for a, s in plan.adapters)
+    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(thr)
 
 
 def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
@@ -301,15 +297,22 @@ def claim_text(p: Placement, bound) -> str:
     if p.params.get("claim"):
         return str(p.params["claim"])
     if bound is not None and p.objective == "gpus":
-        lb = bound.best
+        lb = final_bound(p, bound)
         if p.n_gpus == lb:
             return "optimal in the twin (the GPU count meets the twin lower bound)"
         return f"within {p.n_gpus - lb} GPU(s) of the twin lower bound ({lb})"
     return f"twin-accepted; objective {p.objective} (no optimality claim)"
 
 
-def bound_basis(bound) -> list[str]:
-    """What the twin lower bound rests on, one line per part that holds."""
+def final_bound(p: Placement, bound) -> int:
+    """The twin lower bound the claim uses: ``bound.best``, or higher where the solve's
+    certificate raised it (``params.lower_bound``: ``feasibility.raise_bound_to``)."""
+    return max(bound.best, int(p.params.get("lower_bound") or 0))
+
+
+def bound_basis(bound, final: int | None = None) -> list[str]:
+    """What the twin lower bound rests on, one line per part that holds; ``final``: the bound
+    after the solve's certificate, when it raised it."""
     if bound is None:
         return ["no twin lower bound for this objective or pool (mixed or catalog GPU types)"]
     lines = [f"one-adapter cap: no GPU carries more than {bound.gpu_cap_tps:,.0f} tok/s unstarved "
@@ -324,12 +327,17 @@ def bound_basis(bound) -> list[str]:
     if bound.fullest_excluded_to:
         lines.append(f"with up to {bound.fullest_excluded_to} GPUs the fullest one must swap "
                      "adapters and starves at every max_loras (replayed)")
-    if getattr(bound, "busiest_excluded_to", 0):
+    if bound.busiest_excluded_to:
         lines.append(f"with up to {bound.busiest_excluded_to} GPUs the busiest one starves at "
                      "every max_loras (replayed)")
-    if getattr(bound, "two_gpus_excluded", False):
+    if bound.two_gpus_excluded:
         lines.append("no split over two GPUs is accepted (replayed)")
-    lines.append(f"bound: {bound.best} GPU(s) (window {bound.duration_s:g} s)")
+    best = bound.best if final is None else max(bound.best, final)
+    if best > bound.best:
+        lines.append(f"the placement's certificate: no placement with {best - 1} GPU(s) is "
+                     "accepted (the exclusion checks run without their load thresholds, "
+                     "replayed)")
+    lines.append(f"bound: {best} GPU(s) (window {bound.duration_s:g} s)")
     return lines
 
 
@@ -364,7 +372,8 @@ def write_png(path: Path, p: Placement, curves: Sequence[GpuCurve], thr: float,
     ax2.set_ylabel("twin throughput / offered load")
     ax2.set_title(f"throughput vs max_loras ({window_s:g} s window; circle = chosen)")
     ax2.legend(fontsize=8, loc="lower right", ncol=2)
-    lb = f"twin lower bound {bound.best} GPU(s)" if bound is not None else "no twin lower bound"
+    lb = (f"twin lower bound {final_bound(p, bound)} GPU(s)" if bound is not None
+          else "no twin lower bound")
     fig.suptitle(f"{p.instance}: {p.n_gpus} GPU(s) by {p.method}, verdict "
                  f"{p.verdict or 'unverified'}; {lb}")
     fig.tight_layout()
@@ -414,7 +423,7 @@ def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCur
               f"{CURVE_WINDOW_S:g} s window with each GPU's verification seed; below the dashed "
               "line a GPU starves.", "",
               "## Lower bound", ""]
-    lines += [f"- {x}" for x in bound_basis(bound)]
+    lines += [f"- {x}" for x in bound_basis(bound, final_bound(p, bound) if bound else None)]
     if p.notes or p.repairs:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in p.notes] + \
                  [f"- repair: {r}" for r in p.repairs]
@@ -555,9 +564,8 @@ def _limit_estimate_s(inst: Instance, dur: float) -> float:
     replays (8 seeds x Amax 1, 2), each about 0.4 s per simulated hour on one core of the
     2-core reference machine, spread over the cores."""
     import os
-    types = {(t.profile, inst.lengths.to_dict().__repr__()) for t in inst.gpu_types}
-    per_replay = 0.4 * dur / 3600.0
-    return len(types) * 8 * 16 * per_replay / max(1, os.cpu_count() or 1)
+    profiles = {t.profile for t in inst.gpu_types}
+    return len(profiles) * 8 * 16 * 0.4 * dur / 3600.0 / max(1, os.cpu_count() or 1)
 
 
 def summary_lines(res: PlanResult, out: Path) -> list[str]:

@@ -51,14 +51,13 @@ def read_meta(path: Path | None = None) -> dict:
 
 
 def _lengths(spec):
+    """The length model of an instance's ``lengths`` spec (None: the twin's ShareGPT model;
+    ``{mean_input, mean_output}``: rescaled to those means, as ``optim.instance`` reads it)."""
     from twin.lengths import default_lengths
+    from twin.sharegpt import sharegpt_lengths
     if spec is None:
         return default_lengths()
-    from optim.instance import instance_from_dict
-    inst = instance_from_dict({"name": "x", "adapters": [{"id": "a", "rank": 8, "rate": 1.0}],
-                               "gpus": [{"name": "g", "profile": SHIPPED_PROFILES[0],
-                                         "count": 1}], "lengths": spec})
-    return inst.lengths
+    return sharegpt_lengths(spec["mean_input"], spec["mean_output"])
 
 
 def write_shipped(work: Path, out: Path, argv: Sequence[str] | None) -> None:

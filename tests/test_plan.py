@@ -207,3 +207,24 @@ def test_status_printed_claim_and_json_agree(small_plan):
     assert p.status == "optimal" and rec["status"] == "optimal"
     assert rec["params"]["claim"] == "optimal in the twin"
     assert "claim: optimal in the twin" in p.summary()
+
+
+def test_report_uses_the_bound_the_certificate_raised():
+    """When the solve's certificate raised the twin bound (params.lower_bound above the bound
+    computed first), the claim, the bound lines and the figure use the raised one."""
+    from optim.feasibility import TwinBound
+    from optim.placement import GpuPlan, Placement
+    from optim.plan import bound_basis, claim_text, final_bound
+    from twin.workload import Adapter
+    b = TwinBound("x", 600.0, 20000.0, 3000.0, 17000.0, 17000.0, 1, 1)
+    g = [GpuPlan("h100", "llama-3.1-8b-instruct", 8, 8, ((Adapter(f"a{i}", 8, 1.0), 1.0),), 419.3)
+         for i in range(2)]
+    p = Placement("x", "greedy", "solved", tuple(g), objective="gpus", verdict="accepted",
+                  params={"lower_bound": 2})
+    assert final_bound(p, b) == 2
+    assert claim_text(p, b).startswith("optimal in the twin")
+    lines = bound_basis(b, final_bound(p, b))
+    assert lines[-1].startswith("bound: 2 GPU(s)") and "no placement with 1 GPU(s)" in lines[-2]
+    assert bound_basis(b)[-1].startswith("bound: 1 GPU(s)")
+    q = p.with_(params={"lower_bound": 1})
+    assert final_bound(q, b) == 1 and claim_text(q, b).startswith("within 1 GPU(s)")
