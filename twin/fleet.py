@@ -91,7 +91,7 @@ class FleetBackendError(ValueError):
 def _simulate_one(args: tuple) -> RunMetrics:
     profile, gpu, duration_s, lengths, seed = args
     prof = profile if isinstance(profile, GpuProfile) else load_profile(profile)
-    adapters = [replace(a, rate=a.rate * share) for a, share in gpu.adapters]
+    adapters = [a if share == 1.0 else replace(a, rate=a.rate * share) for a, share in gpu.adapters]
     return simulate_server(prof, adapters, gpu.config, duration_s, lengths=lengths, seed=seed)
 
 

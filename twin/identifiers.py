@@ -22,6 +22,8 @@ MAX_ID_LENGTH = 512
 
 def bad_character(text: str) -> tuple[int, str] | None:
     """(position, character) of the first control or format character of ``text``, else None."""
+    if text.isascii() and text.isprintable():   # the usual case: no refused category in it
+        return None
     for i, ch in enumerate(text):
         if unicodedata.category(ch) in REFUSED_CATEGORIES:
             return i, ch

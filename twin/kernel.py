@@ -9,8 +9,9 @@ Waiting queue. vLLM scans one FCFS deque and skips requests whose adapter is not
 the batch holds ``max_loras`` distinct adapters; skipped requests keep their places. Here each
 adapter has its own FIFO (a linked list) and every waiting request an order key (arrival index;
 preempted requests get decreasing negative keys, i.e. the front). The earliest eligible request is
-then the smallest head key over all adapters (batch not full) or over the batch's adapters (full),
-which reproduces the deque scan without its O(queue) cost per step.
+then the smallest head key over all adapters (batch not full: the top of a heap of the adapters
+that have waiting requests) or over the batch's adapters (full), which reproduces the deque scan
+without its O(queue) cost per step.
 """
 
 from __future__ import annotations
@@ -70,6 +71,74 @@ def _pop_head(a, head, tail, nxt):
     return r
 
 
+# Adapters with waiting requests, in a binary min-heap on their head request's key
+# (``heap[0]`` is the adapter of the earliest waiting request): O(log adapters) per queue change
+# instead of an O(adapters) scan per admission. ``pos[a]`` is a's place in the heap, -1 if absent.
+
+@njit(cache=True, inline="always")
+def _heap_swap(heap, pos, i, j):
+    ai = heap[i]
+    aj = heap[j]
+    heap[i] = aj
+    heap[j] = ai
+    pos[aj] = i
+    pos[ai] = j
+
+
+@njit(cache=True)
+def _heap_up(heap, pos, i, head, key):
+    while i > 0:
+        p = (i - 1) >> 1
+        if key[head[heap[i]]] < key[head[heap[p]]]:
+            _heap_swap(heap, pos, i, p)
+            i = p
+        else:
+            break
+
+
+@njit(cache=True)
+def _heap_down(heap, pos, i, n, head, key):
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and key[head[heap[c + 1]]] < key[head[heap[c]]]:
+            c += 1
+        if key[head[heap[c]]] < key[head[heap[i]]]:
+            _heap_swap(heap, pos, i, c)
+            i = c
+        else:
+            break
+
+
+@njit(cache=True)
+def _heap_push(a, heap, pos, n, head, key):
+    """Add adapter ``a`` (its FIFO just became non-empty); returns the new heap size."""
+    heap[n] = a
+    pos[a] = n
+    _heap_up(heap, pos, n, head, key)
+    return n + 1
+
+
+@njit(cache=True)
+def _heap_fix(a, heap, pos, n, head, key):
+    """Adapter ``a``'s head changed (or its FIFO emptied); returns the new heap size."""
+    i = pos[a]
+    if head[a] < 0:                     # remove: move the last entry into its place
+        n -= 1
+        pos[a] = -1
+        if i < n:
+            last = heap[n]
+            heap[i] = last
+            pos[last] = i
+            _heap_up(heap, pos, i, head, key)
+            _heap_down(heap, pos, pos[last], n, head, key)
+        return n
+    _heap_up(heap, pos, i, head, key)
+    _heap_down(heap, pos, pos[a], n, head, key)
+    return n
+
+
 @njit(cache=True, inline="always")
 def _add_to_batch(a, new, step_id, in_batch, batch_adapters, tok_of, n_distinct):
     """Count ``new`` tokens of adapter ``a`` in this step's batch; returns the distinct count."""
@@ -108,9 +177,12 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
     nxt = np.full(n_req, -1, np.int64)
     last_tok_t = np.zeros(n_req, np.float64)
 
-    # per-adapter waiting FIFOs
+    # per-adapter waiting FIFOs, and the heap of the non-empty ones
     head = np.full(n_adapters, -1, np.int64)
     tail = np.full(n_adapters, -1, np.int64)
+    heap = np.empty(max(n_adapters, 1), np.int64)
+    pos = np.full(n_adapters, -1, np.int64)
+    n_heap = 0
 
     # adapter slots
     slot_of = np.full(n_adapters, -1, np.int64)
@@ -146,9 +218,11 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
             key[r] = r
             if tail[a] < 0:
                 head[a] = r
+                tail[a] = r
+                n_heap = _heap_push(a, heap, pos, n_heap, head, key)
             else:
                 nxt[tail[a]] = r
-            tail[a] = r
+                tail[a] = r
             n_wait += 1
         if n_wait > stats[ST_MAX_WAITING]:
             stats[ST_MAX_WAITING] = n_wait
@@ -195,6 +269,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                 head[av] = v
                 if tail[av] < 0:
                     tail[av] = v
+                    n_heap = _heap_push(av, heap, pos, n_heap, head, key)
+                else:
+                    _heap_up(heap, pos, pos[av], head, key)   # its head's key only fell
                 n_wait += 1
                 stats[ST_PREEMPTIONS] += 1
                 preempted = True
@@ -233,12 +310,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                         if h >= 0 and (best < 0 or key[h] < key[best]):
                             best = h
                             best_a = b
-                else:
-                    for b in range(n_adapters):
-                        h = head[b]
-                        if h >= 0 and (best < 0 or key[h] < key[best]):
-                            best = h
-                            best_a = b
+                elif n_heap > 0:
+                    best_a = heap[0]
+                    best = head[best_a]
                 if best < 0:
                     break
                 r = best
@@ -249,6 +323,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                 if need > free_blocks:
                     break
                 _pop_head(best_a, head, tail, nxt)
+                n_heap = _heap_fix(best_a, heap, pos, n_heap, head, key)
                 n_wait -= 1
                 free_blocks -= need
                 held[r] += need
