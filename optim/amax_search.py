@@ -18,7 +18,9 @@ Tests compare the search with brute force over every integer on small instances.
 
 The score of an Amax is the GPU's twin throughput over ``threshold x`` its realised offered
 load (the workload is the same for every Amax, drawn with the seed verification uses for that
-GPU), so a score >= 1 means unstarved; a memory error scores ``-inf``. ``hi`` defaults to
+GPU), so a score >= 1 means unstarved; under a latency SLO (the instance's ``slo``) it is
+the smaller of that and the SLO's score (bound / observed, ``twin.slo``), so a score >= 1 means
+accepted; a memory error scores ``-inf``. ``hi`` defaults to
 min(adapters + 1, largest Amax the rank starts with): one more slot than adapters can pay off
 (the batch then never holds ``max_loras`` adapters, so the scheduler never scans the waiting
 queue for a slot's adapter; one adapter on two slots beats one slot).
@@ -53,16 +55,18 @@ def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
         raise ValueError(f"twin_scores: {len(seeds)} seeds for {len(amaxes)} Amax values")
     cands = [GpuPlan(plan.gpu_type, plan.profile, int(a), plan.max_lora_rank, plan.adapters,
                      plan.offered_tps, plan.predicted) for a in amaxes]
-    jobs = [c.twin_assignment(inst.starvation_threshold) for c in cands]
+    jobs = [c.twin_assignment(inst.starvation_threshold, inst.slo) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
                          check_routing=False, seeds=seeds)
     out = []
     for m in res.per_gpu:
         if m.memory_error or m.offered_realised_tps <= 0:
-            s = -np.inf if m.memory_error else (np.inf if not m.starved else -np.inf)
+            s = -np.inf if m.memory_error else (np.inf if m.accepted else -np.inf)
         else:
             s = m.throughput_tps / (inst.starvation_threshold * m.offered_realised_tps)
-            if m.starved:                   # the twin's verdict rules at the boundary
+            if m.slo is not None:           # and the latency SLO's (bound / observed)
+                s = min(s, float(m.slo["score"]))
+            if not m.accepted:              # the twin's verdict rules at the boundary
                 s = min(s, np.nextafter(1.0, 0.0))
             elif s < 1.0:
                 s = 1.0

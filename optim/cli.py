@@ -25,7 +25,7 @@ from typing import Sequence
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
                               HelpFormatter, check_output, check_output_dir, float_above,
                               int_at_least, nonneg_int, positive_int, run_command, seed_type,
-                              write_output)
+                              slo_argument, write_output, SLO_HELP)
 from twin.cli_support import Interrupted
 from twin.limits import MAX_DURATION_S
 
@@ -73,6 +73,13 @@ def cmd_solve(a: argparse.Namespace) -> int:
             raise CliError(f"--duration: {e}") from None
     if a.max_homes is not None:
         inst = _with_max_homes(inst, a.max_homes, a.method, info)
+    if a.slo is not None:
+        slo = slo_argument(a.slo)
+        if slo.warmup_s >= (a.duration or inst.duration_s):
+            raise CliError(f"--slo: warmup_s {slo.warmup_s:g} s leaves nothing of the "
+                           f"{a.duration or inst.duration_s:g} s twin window to judge")
+        from dataclasses import replace
+        inst = replace(inst, slo=slo)
     import twin.fleet
     with contextlib.ExitStack() as stack:   # Ray starts / joins its cluster before solving
         try:
@@ -217,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--address", default=None, metavar="A",
                    help="--backend ray: the Ray cluster to run on (HOST:PORT as printed by `ray "
                         "start --head`, ray://HOST:PORT or auto; default: a local Ray instance)")
+    s.add_argument("--slo", default=None, metavar="NAME=MS[,...]", help=SLO_HELP)
     s.add_argument("--json", default=None, help="write the full placement record (JSON)")
     s.add_argument("--vllm-args", default=None,
                    help="write per-GPU vLLM server arguments (JSON, with the twin's verdict); "

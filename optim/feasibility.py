@@ -334,12 +334,14 @@ def _gpu_key(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s:
     for t in inst.gpu_types:
         prof = t.load_profile()
         types.append([t.name, prof.to_dict(), twin_fingerprint(prof)])
-    blob = json.dumps({"v": 4, "what": what, "duration_s": float(duration_s),
-                       "adapters": [[a.rank, float(a.rate)] for a in adapters], "rank": rank,
-                       "lengths": inst.lengths.to_dict(), "seed": inst.seed,
-                       "bound_seeds": list(_bound_seeds(inst)), "sigmas": SPREAD_SIGMAS,
-                       "threshold": float(inst.starvation_threshold), "types": types},
-                      sort_keys=True, default=str)
+    key = {"v": 4, "what": what, "duration_s": float(duration_s),
+           "adapters": [[a.rank, float(a.rate)] for a in adapters], "rank": rank,
+           "lengths": inst.lengths.to_dict(), "seed": inst.seed,
+           "bound_seeds": list(_bound_seeds(inst)), "sigmas": SPREAD_SIGMAS,
+           "threshold": float(inst.starvation_threshold), "types": types}
+    if inst.slo is not None:                # the verdict judges the SLO too
+        key["slo"] = inst.slo.to_dict()
+    blob = json.dumps(key, sort_keys=True, default=str)
     return f"{what}:" + hashlib.sha256(blob.encode()).hexdigest()
 
 

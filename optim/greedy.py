@@ -439,9 +439,9 @@ def _twin_ok(inst: Instance, plan: GpuPlan, duration_s: float, seed: int) -> tup
     from twin.profile import load_profile
     from twin.server import simulate_server
     m = simulate_server(load_profile(plan.profile), [a for a, _ in plan.adapters],
-                        plan.server_config(inst.starvation_threshold), duration_s,
+                        plan.server_config(inst.starvation_threshold, inst.slo), duration_s,
                         lengths=inst.lengths, seed=seed)
-    return not (m.starved or m.memory_error), m
+    return m.accepted, m
 
 
 def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int
@@ -522,6 +522,7 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
             break
         kept: list[GpuPlan] = []
         evicted: list[Item] = []
+        alone: list[Item] = []      # from GPUs where even their first adapter alone failed
         for g, plan in enumerate(p.gpus):
             if plan.verified is not None and plan.verified.ok:
                 kept.append(plan)
@@ -546,7 +547,11 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
             moved = plan.adapters[lo:] if best is not None else plan.adapters
             if best is not None:
                 kept.append(best)
-            evicted.extend(moved)
+                evicted.extend(moved)
+            elif len(moved) > 1:    # packed together again they would fail again: one per GPU
+                alone.extend(moved)
+            else:
+                evicted.extend(moved)
             changes.append(f"gpu {g}: twin rejected it; moved {len(moved)} adapter(s) "
                            f"({', '.join(a.id for a, _ in moved[:5])}"
                            f"{', ...' if len(moved) > 5 else ''}) to new GPUs")
@@ -556,6 +561,13 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
         pool = {t.name: max(t.count - used.get(t.name, 0), 0) for t in inst.gpu_types}
         new, over, _ = (greedy_plans(inst, [a for a, _ in evicted], objective, pool, surrogate,
                                      [s for _, s in evicted]) if evicted else ([], False, []))
+        for plan in new:
+            pool[plan.gpu_type] = max(pool.get(plan.gpu_type, 0) - 1, 0)
+        for a, s in alone:
+            one, over_one, _ = greedy_plans(inst, [a], objective, pool, surrogate, [s])
+            for plan in one:
+                pool[plan.gpu_type] = max(pool.get(plan.gpu_type, 0) - 1, 0)
+            new, over = new + one, over or over_one
         if new:
             changes.append(f"opened {len(new)} GPU(s) for the moved adapters")
         status = "over_pool" if (over or p.status == "over_pool") else "solved"

@@ -41,9 +41,14 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
                                                  # <= 604800 (a week) and <= 10M requests/GPU
       "seed": 0,                                 # optional, int in [0, 2^32-1]: workload +
                                                  # random methods
-      "max_homes": 1                             # optional, int in [1, GPUs of the pool]:
+      "max_homes": 1,                            # optional, int in [1, GPUs of the pool]:
                                                  # most GPUs one adapter's traffic may be
                                                  # split over (routing weights); 1 = no split
+      "slo": {"ttft_p99_ms": 500, "itl_p99_ms": 100, "ttft_mean_ms": 200,
+              "e2e_p99_ms": 30000, "attainment": 0.99, "warmup_s": 60}
+                                                 # optional latency SLO (twin.slo.Slo): >= 1
+                                                 # bound (ms); every GPU must meet each one in
+                                                 # the twin, besides the throughput rule
     }
 
 Every GPU type's profile must serve the same base model (one fleet serves one base model).
@@ -67,6 +72,7 @@ from twin.identifiers import identifier
 from twin.limits import (MAX_ADAPTERS_PER_INSTANCE, MAX_DURATION_S, MAX_REQUESTS_PER_SERVER,
                          check_adapter_count)
 from twin.profile import GpuProfile, load_profile
+from twin.slo import Slo
 from twin.workload import Adapter, load_adapters_csv
 
 SCHEMA_VERSION = 1
@@ -76,7 +82,7 @@ DEFAULT_DURATION_S = 3600.0
 
 _TOP_KEYS = {"schema_version", "name", "description", "adapters", "gpus", "lengths",
              "starvation_threshold", "objective", "solver", "duration_s", "seed",
-             "power_budget_w", "max_homes"}
+             "power_budget_w", "max_homes", "slo"}
 _GPU_KEYS = {"name", "profile", "count", "price_per_hour", "capacity_tps", "capacity_amax",
              "gpu", "model", "availability", "power_caps_w"}
 _SOLVER_KEYS = {"time_limit_s", "mip_gap", "threads", "max_repair_iterations"}
@@ -157,6 +163,7 @@ class Instance:
     source: str | None = None
     power_budget_w: float | None = None
     max_homes: int = 1
+    slo: Slo | None = None
 
     @property
     def uses_configurations(self) -> bool:
@@ -221,6 +228,8 @@ class Instance:
         d["seed"] = self.seed
         if self.max_homes != 1:
             d["max_homes"] = self.max_homes
+        if self.slo is not None:
+            d["slo"] = self.slo.to_dict()
         return d
 
 
@@ -534,10 +543,27 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
         raise InstanceError(src, "gpus", "energy and power budgets need twin-measured "
                             "configurations; remove capacity_tps/capacity_amax")
     homes = check_max_homes(d.get("max_homes", 1), sum(t.count for t in gpu_types), src)
+    slo = _slo(src, d.get("slo"), dur)
     return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
                     lengths_spec=spec, starvation_threshold=thr, objective=objective,
                     solver=solver, duration_s=dur, seed=seed, description=desc, source=source,
-                    power_budget_w=budget_w, max_homes=homes)
+                    power_budget_w=budget_w, max_homes=homes, slo=slo)
+
+
+def _slo(src: str, v: Any, duration_s: float) -> Slo | None:
+    """The instance's latency SLO (``twin.slo.Slo``), or None; its warm-up must leave part of
+    the twin window to judge."""
+    if v is None:
+        return None
+    try:
+        slo = Slo.from_dict(v, "slo")
+    except ValueError as e:
+        path, _, reason = str(e).partition(": ")
+        raise InstanceError(src, path, reason) from None
+    if slo.warmup_s >= duration_s:
+        raise InstanceError(src, "slo.warmup_s", f"{slo.warmup_s:g} s leaves nothing of the "
+                            f"{duration_s:g} s twin window (duration_s) to judge")
+    return slo
 
 
 def check_max_homes(v: Any, pool: int, source: str = "<instance>",

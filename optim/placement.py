@@ -25,6 +25,7 @@ from twin.fleet import GpuAssignment
 from twin.identifiers import clean_identifier
 from twin.metrics import RunMetrics
 from twin.server import ServerConfig
+from twin.slo import Slo
 from twin.workload import Adapter
 
 from .feasibility import FeasibilityReport, Reason
@@ -43,6 +44,9 @@ class GpuMetrics:
     mean_itl_ms: float | None = None
     mean_ttft_ms: float | None = None
     avg_power_w: float | None = None
+    # the GPU judged against the instance's latency SLO (twin.slo.SloResult.to_dict(): observed
+    # values, met flags, share of requests within each bound, goodput); None: no SLO
+    slo: dict | None = None
 
     @classmethod
     def from_run(cls, m: RunMetrics) -> "GpuMetrics":
@@ -50,11 +54,15 @@ class GpuMetrics:
             return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
         return cls(float(m.offered_tps), float(m.throughput_tps), bool(m.starved),
                    bool(m.memory_error), num(m.mean_itl_ms), num(m.mean_ttft_ms),
-                   num(getattr(m, "avg_power_w", None)))
+                   num(getattr(m, "avg_power_w", None)), getattr(m, "slo", None))
+
+    @property
+    def slo_met(self) -> bool:
+        return self.slo is None or bool(self.slo.get("ok", False))
 
     @property
     def ok(self) -> bool:
-        return not (self.starved or self.memory_error)
+        return not (self.starved or self.memory_error) and self.slo_met
 
 
 @dataclass(frozen=True)
@@ -76,17 +84,21 @@ class GpuPlan:
     def n_adapters(self) -> int:
         return len(self.adapters)
 
-    def server_config(self, starvation_threshold: float = 0.9) -> ServerConfig:
+    def server_config(self, starvation_threshold: float = 0.9, slo: Slo | None = None
+                      ) -> ServerConfig:
+        """The twin's server configuration; ``starvation_threshold`` and ``slo`` are how the
+        twin judges it (the instance's)."""
         return ServerConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
                             starvation_threshold=starvation_threshold,
-                            power_cap_w=self.power_cap_w)
+                            power_cap_w=self.power_cap_w, slo=slo)
 
-    def twin_assignment(self, starvation_threshold: float = 0.9) -> GpuAssignment:
+    def twin_assignment(self, starvation_threshold: float = 0.9, slo: Slo | None = None
+                        ) -> GpuAssignment:
         """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``), its adapters in
         id order: the twin draws adapter ``i``'s requests from child ``i`` of the GPU's seed, so
         the order fixes the draw, and a GPU is a set of adapters — listing them in another order
         must not change the verdict (``feasibility.one_gpu_excluded`` relies on it)."""
-        return GpuAssignment(self.profile, self.server_config(starvation_threshold),
+        return GpuAssignment(self.profile, self.server_config(starvation_threshold, slo),
                              tuple(sorted(self.adapters, key=lambda p: p[0].id)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,15 +224,19 @@ class Placement:
         starvation) followed by a summary line."""
         head = (f"{'gpu':>4} {'type':<12} {'Amax':>5} {'rank':>4} {'adapt':>6} {'offered':>9} "
                 f"{'pred_tps':>9} {'twin_tps':>9} {'pred':>6} {'twin':>7}")
+        bounds = list(self.params.get("slo_bounds") or ())
+        head += "".join(f" {_slo_head(b):>13}" for b in bounds)
         lines = [head, "-" * len(head)]
         for i, g in enumerate(self.gpus):
             p, v = g.predicted, g.verified
+            obs = (v.slo or {}).get("observed", {}) if v else {}
             lines.append(
                 f"{i:>4} {g.gpu_type[:12]:<12} {g.max_loras:>5} {g.max_lora_rank:>4} "
                 f"{g.n_adapters:>6} {g.offered_tps:>9.0f} "
                 f"{(f'{p.throughput_tps:.0f}' if p else '-'):>9} "
                 f"{(f'{v.throughput_tps:.0f}' if v else '-'):>9} "
-                f"{_flag(p):>6} {_flag(v):>7}")
+                f"{_flag(p):>6} {_flag(v):>7}"
+                + "".join(f" {_ms(obs.get(b)):>13}" for b in bounds))
             if max_ids:
                 ids = [a.id + ("" if s >= 1 - 1e-9 else f"({s:.2f})") for a, s in g.adapters]
                 lines.append("       " + " ".join(ids[:max_ids])
@@ -249,11 +265,13 @@ class Placement:
         if lb is not None:
             parts.append(f"twin_lower_bound={lb}")
         out = " ".join(parts)
+        under = f" under SLO {self.params['slo']}" if self.params.get("slo") else ""
         if lb is not None and self.verdict == "accepted" and self.n_gpus == lb \
                 and self.objective == "gpus":
-            out += "\nclaim: optimal in the twin (the GPU count meets the twin lower bound)"
+            out += (f"\nclaim: optimal in the twin{under} (the GPU count meets the twin lower "
+                    "bound)")
         elif self.params.get("claim"):
-            out += f"\nclaim: {self.params['claim']}"
+            out += f"\nclaim: {self.params['claim']}{under}"
         for n in self.notes:
             out += f"\nnote: {n}"
         for r in self.repairs:
@@ -309,12 +327,24 @@ def _serve_line(sm, args: list[str]) -> str:
                      *args])
 
 
+def _slo_head(bound: str) -> str:
+    """Column head of an SLO bound in the table: ``ttft_p99_ms`` -> ``twin ttft_p99``."""
+    return "twin " + bound[:-3]
+
+
+def _ms(x: Any) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    return "unserved" if math.isinf(x) else "-" if math.isnan(x) else f"{x:.0f}ms"
+
+
 def _flag(m: GpuMetrics | None) -> str:
     if m is None:
         return "-"
     if m.memory_error:
         return "MEM"
-    return "STARVE" if m.starved else "ok"
+    return "STARVE" if m.starved else "SLO" if not m.slo_met else "ok"
 
 
 def _json_default(x: Any) -> Any:

@@ -146,7 +146,7 @@ def _default_count(adapters_csv: Path, gpu: str, model: str, name: str, base: di
 def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
                   model: str = "llama-3.1-8b-instruct", pool: Sequence[PoolEntry] = (),
                   objective: str = "gpus", duration_s: float = DEFAULT_DURATION_S, seed: int = 0,
-                  name: str | None = None, max_homes: int = 1) -> Instance:
+                  name: str | None = None, max_homes: int = 1, slo=None) -> Instance:
     """An instance from an adapters CSV: one GPU type (``gpu`` serving ``model``, pool sized
     automatically) or the given ``pool`` entries (their ``gpu`` resolved like ``gpu``)."""
     path = Path(adapters_csv)
@@ -170,6 +170,8 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
                             "duration_s": float(duration_s), "seed": int(seed)}
     if max_homes > 1:
         base["max_homes"] = int(max_homes)
+    if slo is not None:
+        base["slo"] = slo.to_dict()
     try:
         if pool:
             seen: set[str] = set()
@@ -212,10 +214,11 @@ def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
     return sorted(pts | {hi} | ({min(chosen, top)} if chosen >= 1 else set()))
 
 
-def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0):
-    """``plan`` as a fleet-twin job at Amax ``amax`` with every adapter's rate x ``scale``."""
+def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0, slo=None):
+    """``plan`` as a fleet-twin job at Amax ``amax`` with every adapter's rate x ``scale``,
+    judged with the starvation threshold ``thr`` and the latency SLO ``slo`` (if any)."""
     ads = tuple((Adapter(a.id, a.rank, a.rate * scale), s) for a, s in plan.adapters)
-    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(thr)
+    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(thr, slo)
 
 
 def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
@@ -238,15 +241,17 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
     def offered(g: GpuPlan) -> float:
         return max(sum(inst.load_tps(a) * s for a, s in g.adapters), 1e-9)
 
-    sat = run([_assign(g, g.max_loras, thr, 40_000.0 / offered(g)) for g in p.gpus], seeds)
+    sat = run([_assign(g, g.max_loras, thr, 40_000.0 / offered(g), inst.slo) for g in p.gpus],
+              seeds)
     lo = [0.5 * thr * m.throughput_tps for m in sat]
     hi = [max(m.throughput_tps / thr, 1.0) * 1.05 for m in sat]
     for _ in range(CAPACITY_ROUNDS):
         mid = [(a + b) / 2 for a, b in zip(lo, hi)]
-        res = run([_assign(g, g.max_loras, thr, x / offered(g)) for g, x in zip(p.gpus, mid)],
+        res = run([_assign(g, g.max_loras, thr, x / offered(g), inst.slo)
+                   for g, x in zip(p.gpus, mid)],
                   seeds)
         for i, m in enumerate(res):
-            ok = not (m.starved or m.memory_error)
+            ok = m.accepted
             lo[i], hi[i] = (mid[i], hi[i]) if ok else (lo[i], mid[i])
     caps = lo
     busiest = sorted(range(p.n_gpus), key=lambda g: -p.gpus[g].offered_tps)[:curve_gpus]
@@ -255,7 +260,7 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
         plan = p.gpus[g]
         top = max_startable_amax(plan.profile, plan.max_lora_rank)
         for a in amax_points(plan.n_adapters, max(top, 1), plan.max_loras):
-            jobs.append(_assign(plan, a, thr))
+            jobs.append(_assign(plan, a, thr, slo=inst.slo))
             sds.append(seeds[g])
             where.append((g, a))
     res = run(jobs, sds)
@@ -294,12 +299,13 @@ def claim_text(p: Placement, bound) -> str:
     gap to it, or no claim (another objective, or a rejected placement)."""
     if p.verdict != "accepted":
         return f"no claim: the twin verdict is {p.verdict or 'unverified'}"
+    under = f" under SLO {p.params['slo']}" if p.params.get("slo") else ""
     if p.params.get("claim"):
-        return str(p.params["claim"])
+        return str(p.params["claim"]) + under
     if bound is not None and p.objective == "gpus":
         lb = final_bound(p, bound)
         if p.n_gpus == lb:
-            return "optimal in the twin (the GPU count meets the twin lower bound)"
+            return f"optimal in the twin{under} (the GPU count meets the twin lower bound)"
         return f"within {p.n_gpus - lb} GPU(s) of the twin lower bound ({lb})"
     return f"twin-accepted; objective {p.objective} (no optimality claim)"
 

@@ -36,7 +36,7 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
         raise ValueError(f"placement of '{placement.instance}' by {placement.method}: "
                          + "; ".join(problems[:5]))
     dur = float(duration_s if duration_s is not None else inst.duration_s)
-    jobs = [g.twin_assignment(inst.starvation_threshold) for g in placement.gpus]
+    jobs = [g.twin_assignment(inst.starvation_threshold, inst.slo) for g in placement.gpus]
     t0 = time.perf_counter()
     result = simulate_fleet(jobs, duration_s=dur, lengths=inst.lengths,
                             seed=inst.seed if seed is None else seed, workers=workers,
@@ -44,5 +44,9 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
     wall = time.perf_counter() - t0
     gpus = tuple(replace(g, verified=GpuMetrics.from_run(m))
                  for g, m in zip(placement.gpus, result.per_gpu))
+    params = placement.params
+    if inst.slo is not None:            # what the verdict judged, for the table and the claim
+        params = {**params, "slo": inst.slo.describe(),
+                  "slo_bounds": list(inst.slo.bounds())}
     return placement.with_(gpus=gpus, verdict="accepted" if result.feasible else "rejected",
-                           verify_wall_s=wall, verify_duration_s=dur)
+                           verify_wall_s=wall, verify_duration_s=dur, params=params)

@@ -47,6 +47,24 @@ class CliError(ValueError):
     """A bad command-line argument; printed as one line, without a traceback."""
 
 
+SLO_HELP = ("latency SLO every GPU must meet in the twin, besides the throughput rule: "
+            "NAME=MS pairs among ttft_p99_ms, itl_p99_ms, ttft_mean_ms, e2e_p99_ms, with "
+            "optional attainment=0.99 (the quantile the p99 bounds apply at) and warmup_s=60 "
+            "(s excluded from judgement), e.g. --slo ttft_p99_ms=500,itl_p99_ms=100")
+
+
+def slo_argument(text: str | None, option: str = "--slo"):
+    """The ``twin.slo.Slo`` of a ``--slo`` value (None when not given); a bad value is a
+    ``CliError`` naming the option and the field."""
+    if text is None:
+        return None
+    from .slo import Slo
+    try:
+        return Slo.parse(text, option)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 # ----------------------------------------------------------------------------- option types
 def _number(text: str, conv: Callable[[str], T], what: str) -> T:
     try:

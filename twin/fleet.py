@@ -40,13 +40,14 @@ class GpuAssignment:
 
 @dataclass(frozen=True)
 class FleetResult:
-    """Per-GPU metrics and the placement's verdict (feasible = no GPU starves or fails memory)."""
+    """Per-GPU metrics and the placement's verdict (feasible = every GPU is accepted: none
+    starves, fails memory or misses its latency SLO)."""
 
     per_gpu: tuple[RunMetrics, ...]
 
     @property
     def feasible(self) -> bool:
-        return not any(m.starved or m.memory_error for m in self.per_gpu)
+        return all(m.accepted for m in self.per_gpu)
 
     @property
     def throughput_tps(self) -> float:

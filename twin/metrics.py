@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import kernel as K
+from .slo import evaluate_slo
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,19 @@ class RunMetrics:
     energy_j: float = float("nan")
     joules_per_token: float = float("nan")
     joules_per_output_token: float = float("nan")
+    # the run judged against a latency SLO (``twin.slo.SloResult.to_dict()``; None: no SLO)
+    slo: dict | None = None
+
+    @property
+    def slo_met(self) -> bool:
+        """Every bound of the run's SLO is met (True when there is no SLO)."""
+        return self.slo is None or bool(self.slo["ok"])
+
+    @property
+    def accepted(self) -> bool:
+        """The twin's verdict on this server: it started (no memory error), is not starved
+        and meets its SLO, if any."""
+        return not (self.memory_error or self.starved) and self.slo_met
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,9 +141,10 @@ def is_starved(throughput_tps, offered_realised_tps, threshold: float = 0.9):
 def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray,
                     first_t: np.ndarray, finish_t: np.ndarray, stats: np.ndarray,
                     itl_hist: np.ndarray, duration_s: float, offered_tps: float,
-                    kv_blocks: int, block_size: int, starvation_threshold: float = 0.9
-                    ) -> RunMetrics:
-    """Summarise one kernel run over the window ``[0, duration_s]``."""
+                    kv_blocks: int, block_size: int, starvation_threshold: float = 0.9,
+                    slo=None) -> RunMetrics:
+    """Summarise one kernel run over the window ``[0, duration_s]``; with ``slo`` (a
+    ``twin.slo.Slo``) the run is also judged against it (``RunMetrics.slo``)."""
     in_window = arrival < duration_s
     done = (finish_t >= 0) & (finish_t <= duration_s)
     n_arrived = int(in_window.sum())
@@ -189,4 +204,6 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         mean_kv_usage_frac=float(stats[K.ST_KV_BLOCKS_S]) / duration_s / kv_blocks,
         max_waiting=int(stats[K.ST_MAX_WAITING]),
         kv_capacity_tokens=kv_blocks * block_size,
+        slo=(None if slo is None else
+             evaluate_slo(slo, arrival, first_t, finish_t, itl_hist, duration_s).to_dict()),
     )

@@ -15,6 +15,7 @@ from .adapter_cache import activation_ranks
 from .lengths import LengthModel, default_lengths
 from .metrics import RunMetrics, compute_metrics, memory_error_metrics, realised_offered_tps
 from .profile import GpuProfile
+from .slo import Slo
 from .workload import (Adapter, ArrivalProcess, PoissonArrivals, Requests, generate_requests,
                        offered_token_rate)
 
@@ -39,7 +40,8 @@ class ServerConfig:
     (an open-loop client that never gives up). CLI: ``twin run --client-max-waiting N``.
     ``power_cap_w`` is the GPU's power cap (``nvidia-smi -pl``), a configuration like Amax:
     compute-bound step terms slow down as ``twin.power`` models (``None``: no cap).
-    CLI: ``twin run --power-cap W``.
+    CLI: ``twin run --power-cap W``. ``slo`` (a :class:`twin.slo.Slo`) is, like the starvation
+    threshold, how the twin judges the run, not a vLLM argument (``RunMetrics.slo``).
     """
 
     max_loras: int
@@ -49,6 +51,7 @@ class ServerConfig:
     starvation_threshold: float = 0.9
     client_max_waiting: int | None = None
     power_cap_w: float | None = None
+    slo: Slo | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_loras, (int, np.integer)) or self.max_loras < 1:
@@ -65,6 +68,8 @@ class ServerConfig:
         if not 0.0 < self.starvation_threshold <= 1.0:
             raise ValueError("starvation_threshold must be in (0, 1], got "
                              f"{self.starvation_threshold!r}")
+        if self.slo is not None and not isinstance(self.slo, Slo):
+            raise ValueError(f"slo must be a twin.slo.Slo, got {type(self.slo).__name__}")
 
 
 def resolve_max_rank(profile: GpuProfile, adapters: Sequence[Adapter],
@@ -205,7 +210,8 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
         return memory_error_metrics(duration_s, float(offered_tps or 0.0))
     m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, run.first_t,
                         run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
-                        run.kv_blocks, profile.block_size, config.starvation_threshold)
+                        run.kv_blocks, profile.block_size, config.starvation_threshold,
+                        config.slo)
     m = _power_of_run(m, profile, config, run, requests, duration_s)
     return _with_wall(m, run.wall_s)
 

@@ -207,14 +207,14 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
             plan = plan_gpu(gt.name, gt.profile, amax,
                             [(inst.adapters[i], s) for i, s in zip(idx, shares or [1.0] * len(idx))],
                             inst.mean_tokens, max_lora_rank=rank)
-            jobs.append(plan.twin_assignment(theta))
+            jobs.append(plan.twin_assignment(theta, inst.slo))
         t0 = time.perf_counter()
         res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
                              lengths=inst.lengths, seed=inst.seed, workers=workers,
                              check_routing=False)
         replay_s = max(replay_s or 0.0, time.perf_counter() - t0)
         for (t, rank, amax, items), m in zip(part, res.per_gpu):
-            if m.starved or m.memory_error:
+            if not m.accepted:
                 out.append(_cut_for(P, t, rank, amax, items,
                                     0.0 if m.memory_error else m.throughput_tps, theta))
     return out
