@@ -45,6 +45,7 @@ from twin.lengths import LengthModel, default_lengths
 from twin.metrics import compute_metrics
 from twin.profile import GpuProfile, load_profile
 from twin.server import ServerConfig, simulate_requests, simulate_server
+from twin.slo import Slo
 from twin.workload import Adapter, generate_requests
 
 SATURATION_DURATION_S = 900.0
@@ -128,6 +129,7 @@ COUNT_SEEDS = 4            # the first 4 of them for limits of several adapters
 LEAST_WORK_AMAX = (1, 2)   # one adapter: the configurations that can do the least work per step
 SPREAD_SIGMAS = 4.0        # margin: mean + 4 sample standard deviations over the seeds
 LIMIT_RTOL = 1e-3          # bisection resolution of a limit (relative)
+SLO_BRACKET_STEP = 1.25    # downward bracket step of a limit under a latency SLO (far below)
 _LIMIT_VERSIONS = (1, 4)    # one adapter, several: bump when a measurement changes (disk cache)
 
 
@@ -221,50 +223,60 @@ def twin_fingerprint(prof: GpuProfile) -> str:
 
 
 def _limit_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, duration_s: float,
-               seeds: tuple[int, ...], threshold: float) -> str:
-    blob = json.dumps({"v": _LIMIT_VERSIONS[n > 1], "profile": prof.to_dict(), "rank": rank, "n": n,
-                       "lengths": lengths.to_dict(), "duration_s": float(duration_s),
-                       "seeds": list(seeds), "threshold": float(threshold),
-                       "sigmas": SPREAD_SIGMAS, "rtol": LIMIT_RTOL,
-                       "twin": twin_fingerprint(prof)}, sort_keys=True)
+               seeds: tuple[int, ...], threshold: float, slo: Slo | None = None) -> str:
+    key = {"v": _LIMIT_VERSIONS[n > 1], "profile": prof.to_dict(), "rank": rank, "n": n,
+           "lengths": lengths.to_dict(), "duration_s": float(duration_s),
+           "seeds": list(seeds), "threshold": float(threshold),
+           "sigmas": SPREAD_SIGMAS, "rtol": LIMIT_RTOL, "twin": twin_fingerprint(prof)}
+    if slo is not None:                 # a limit under a latency SLO too
+        key["slo"] = slo.to_dict()
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _carry_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, duration_s: float,
-               seeds: tuple[int, ...], threshold: float) -> str:
+               seeds: tuple[int, ...], threshold: float, slo: Slo | None = None) -> str:
     """Cache key of ``carry_limit``: several adapters are measured on the first
     ``COUNT_SEEDS`` seeds (their spread floor comes from the one-adapter limit on all)."""
     return _limit_key(prof, rank, n, lengths, duration_s,
-                      seeds if n == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold)
+                      seeds if n == 1 else seeds[:COUNT_SEEDS] + (len(seeds),), threshold, slo)
 
 
 def _equal_jobs(prof: GpuProfile, rank: int, n: int, amax: int, loads: Sequence[float],
-                lengths: LengthModel, threshold: float):
+                lengths: LengthModel, threshold: float, slo: Slo | None = None):
     from twin.fleet import GpuAssignment
     per = lengths.mean_input + lengths.mean_output
-    cfg = ServerConfig(max_loras=int(amax), max_lora_rank=rank, starvation_threshold=threshold)
+    cfg = ServerConfig(max_loras=int(amax), max_lora_rank=rank, starvation_threshold=threshold,
+                       slo=slo)
     # the profile itself, not its name: a profile given as a file path has no shipped name
     return [GpuAssignment(prof, cfg, tuple((Adapter(f"e{i}", rank, load / per / n), 1.0)
                                                 for i in range(n))) for load in loads]
 
 
 def _unstarved(prof: GpuProfile, rank: int, n: int, jobs: Sequence[tuple[int, float, int]],
-               lengths: LengthModel, duration_s: float, threshold: float, pool) -> list[bool]:
-    """Twin verdicts of (amax, expected load, seed) jobs with ``n`` equal-rate adapters."""
+               lengths: LengthModel, duration_s: float, threshold: float, pool,
+               slo: Slo | None = None) -> list[bool]:
+    """Twin verdicts of (amax, expected load, seed) jobs with ``n`` equal-rate adapters
+    (accepted: not starved, started, and meeting ``slo`` when given)."""
     from twin.fleet import simulate_fleet
-    gpus = [_equal_jobs(prof, rank, n, a, [load], lengths, threshold)[0] for a, load, _ in jobs]
+    gpus = [_equal_jobs(prof, rank, n, a, [load], lengths, threshold, slo)[0]
+            for a, load, _ in jobs]
     res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=1, pool=pool,
                          check_routing=False, seeds=[s for _, _, s in jobs])
-    return [not (m.starved or m.memory_error) for m in res.per_gpu]
+    return [m.accepted for m in res.per_gpu]
 
 
 def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[int, int]],
                    guess: float, lengths: LengthModel, duration_s: float, threshold: float,
-                   pool) -> list[float]:
+                   pool, slo: Slo | None = None) -> list[float]:
     """Largest unstarved expected load of each (amax, seed) pair, all pairs bisected in lockstep
     (one parallel twin batch per round). Brackets grow by 1 % steps from ``guess``; after the
     bisection, a load 1 % above the result is replayed, and a pair found unstarved there is
-    bisected again from that load (throughput need not fall monotonically)."""
+    bisected again from that load (throughput need not fall monotonically). Under a latency
+    ``slo`` the limit can lie far below a throughput guess: the bracket then steps down by
+    ``SLO_BRACKET_STEP`` (up by 1 % as before)."""
+    down = 1.01 if slo is None else SLO_BRACKET_STEP
+    floor = 0.5 if slo is None else 1e-4
     lo = [0.0] * len(pairs)
     hi = [0.0] * len(pairs)
     probe = [guess] * len(pairs)
@@ -274,24 +286,25 @@ def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[in
             if not todo:
                 break
             ok = _unstarved(prof, rank, n, [(pairs[i][0], probe[i], pairs[i][1]) for i in todo],
-                            lengths, duration_s, threshold, pool)
+                            lengths, duration_s, threshold, pool, slo)
             for i, good in zip(todo, ok):
                 if good:
                     lo[i] = max(lo[i], probe[i])
                     probe[i] *= 1.01
                 else:
                     hi[i] = probe[i] if hi[i] == 0.0 else min(hi[i], probe[i])
-                    probe[i] /= 1.01
-                if lo[i] == 0.0 and probe[i] < 0.5 * guess:
+                    probe[i] /= down
+                if lo[i] == 0.0 and probe[i] < floor * guess:
                     raise ValueError(f"profile '{prof.name}': {n} adapter(s) of rank {rank} "
-                                     "starve at any load")
+                                     + ("starve at any load" if slo is None else
+                                        f"miss the SLO {slo.describe()} at any load"))
         while True:                                    # bisection
             todo = [i for i in range(len(pairs)) if hi[i] / lo[i] > 1 + LIMIT_RTOL]
             if not todo:
                 break
             mids = {i: (lo[i] * hi[i]) ** 0.5 for i in todo}
             ok = _unstarved(prof, rank, n, [(pairs[i][0], mids[i], pairs[i][1]) for i in todo],
-                            lengths, duration_s, threshold, pool)
+                            lengths, duration_s, threshold, pool, slo)
             for i, good in zip(todo, ok):
                 if good:
                     lo[i] = mids[i]
@@ -299,7 +312,7 @@ def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[in
                     hi[i] = mids[i]
         checks = [(i, 1.01) for i in range(len(pairs))]
         ok = _unstarved(prof, rank, n, [(pairs[i][0], lo[i] * f, pairs[i][1]) for i, f in checks],
-                        lengths, duration_s, threshold, pool)
+                        lengths, duration_s, threshold, pool, slo)
         again = {}
         for (i, f), good in zip(checks, ok):
             if good:
@@ -313,20 +326,23 @@ def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[in
 
 def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: LengthModel,
                    duration_s: float, seeds: tuple[int, ...], threshold: float, top: int,
-                   one: CarryLimit | None, pool) -> CarryLimit:
+                   one: CarryLimit | None, pool, slo: Slo | None = None) -> CarryLimit:
     """The measurement behind ``carry_limit`` (its docstring), twin runs on ``pool``;
     ``one``: the one-adapter limit (None when measuring it)."""
     if one is None:
         sat = lora_max_throughput(prof, rank, lengths, n_adapters=1,
                                   duration_s=min(duration_s, 900.0), seed=seeds[0])
         amaxes, guess = [a for a in LEAST_WORK_AMAX if a <= top], 1.02 * sat / threshold
+        if slo is not None:             # at most the limit without the SLO
+            guess = min(guess, carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold,
+                                           1).limit_tps)
     else:
         from twin.fleet import simulate_fleet
         over = 1.05 * one.limit_tps
 
         def score(xs: list[int]) -> list[float]:
             gpus = [_equal_jobs(prof, rank, n_adapters, a, [over], lengths, threshold)[0]
-                    for a in xs]
+                    for a in xs]            # saturated throughput: the SLO plays no part
             res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=1,
                                  check_routing=False, seeds=[seeds[0]] * len(xs), pool=pool)
             return [-np.inf if m.memory_error else m.throughput_tps for m in res.per_gpu]
@@ -338,12 +354,12 @@ def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: Length
         amaxes = sorted({best, n_adapters, n_adapters + 1} & set(range(1, top + 1)))
         guess = thr / threshold
         per_seed, amax = _best_of_amaxes(prof, rank, n_adapters, best, amaxes, seeds, guess,
-                                         lengths, duration_s, threshold, pool)
+                                         lengths, duration_s, threshold, pool, slo)
         return _carry_limit(prof, rank, n_adapters, amax, duration_s, threshold, seeds,
                             per_seed, one)
     pairs = [(a, s) for a in amaxes for s in seeds]
     lims = _bisect_limits(prof, rank, n_adapters, pairs, guess, lengths, duration_s, threshold,
-                          pool)
+                          pool, slo)
     by = {a: [lims[pairs.index((a, s))] for s in seeds] for a in amaxes}
     per_seed = [max(by[a][j] for a in amaxes) for j in range(len(seeds))]
     amax = max(amaxes, key=lambda a: (float(np.mean(by[a])), -a))
@@ -353,24 +369,25 @@ def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: Length
 
 def _best_of_amaxes(prof: GpuProfile, rank: int, n: int, best: int, amaxes: Sequence[int],
                     seeds: tuple[int, ...], guess: float, lengths: LengthModel,
-                    duration_s: float, threshold: float, pool) -> tuple[list[float], int]:
+                    duration_s: float, threshold: float, pool, slo: Slo | None = None
+                    ) -> tuple[list[float], int]:
     """Per seed, the largest unstarved load over ``amaxes``, sharing work across them: ``best``
     (the overload optimum) is bisected for every seed; another Amax is replayed once at that
     seed's limit x (1 + ``LIMIT_RTOL``) and bisected upwards only where it is unstarved there
     (it can only raise the seed's maximum then). The same maximum as bisecting every Amax, in
     about a third of the replays. Returns (per-seed limits, the Amax that gave most of them)."""
     lim = _bisect_limits(prof, rank, n, [(best, s) for s in seeds], guess, lengths, duration_s,
-                         threshold, pool)
+                         threshold, pool, slo)
     won = {s: best for s in seeds}
     others = [(a, s) for a in amaxes if a != best for s in seeds]
     if others:
         at = {s: lim[j] * (1 + LIMIT_RTOL) for j, s in enumerate(seeds)}
         ok = _unstarved(prof, rank, n, [(a, at[s], s) for a, s in others], lengths, duration_s,
-                        threshold, pool)
+                        threshold, pool, slo)
         up = [(a, s) for (a, s), good in zip(others, ok) if good]
         if up:
             more = _bisect_limits(prof, rank, n, up, max(at[s] for _, s in up), lengths,
-                                  duration_s, threshold, pool)
+                                  duration_s, threshold, pool, slo)
             for (a, s), v in zip(up, more):
                 j = seeds.index(s)
                 if v > lim[j]:
@@ -396,7 +413,7 @@ def _carry_limit(prof: GpuProfile, rank: int, n: int, amax: int, duration_s: flo
 def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
                 lengths: LengthModel | None = None, duration_s: float = 3600.0,
                 seeds: Sequence[int] = tuple(range(BOUND_SEEDS)), threshold: float = 0.9,
-                workers: int | None = None) -> CarryLimit:
+                workers: int | None = None, slo: Slo | None = None) -> CarryLimit:
     """Twin-measured ``CarryLimit`` of ``n_adapters`` equal-rate adapters of ``rank``
     (cached in memory and on disk, keyed by the profile's content, rank, count, lengths,
     window, seeds, threshold and ``twin_fingerprint``; the disk cache lives in
@@ -410,7 +427,8 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     Amax = n and n + 1 raise a seed's limit where they carry more (``_best_of_amaxes``: each
     seed keeps its best), and the
     spread taken is at least the one-adapter spread relative to its limit (measured on all
-    seeds)."""
+    seeds). With a latency ``slo`` the limit is the largest load also meeting it (the same
+    least-work configurations, the same margin; keyed by the SLO too)."""
     prof = _profile(profile)
     lengths = lengths if lengths is not None else default_lengths()
     seeds = tuple(int(s) for s in seeds)
@@ -420,7 +438,7 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     top = max_startable_amax(prof, rank)
     if top < 1:
         raise ValueError(f"profile '{prof.name}': no configuration with rank {rank} starts")
-    key = _carry_key(prof, rank, n_adapters, lengths, duration_s, seeds, threshold)
+    key = _carry_key(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, slo)
     if key in _cache:
         return _cache[key]
     hit = _disk_get(key)
@@ -430,7 +448,7 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
         return _cache[key]
     one = None
     if n_adapters > 1:
-        one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers)
+        one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers, slo)
         seeds = seeds[:COUNT_SEEDS]
     from contextlib import nullcontext
     from concurrent.futures import ProcessPoolExecutor
@@ -441,7 +459,7 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
               else ProcessPoolExecutor(max_workers=n_workers))
     with runner as pool:
         out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
-                             one, pool)
+                             one, pool, slo)
     _cache[key] = out
     _disk_put(key, out.to_dict())
     return out
@@ -449,11 +467,11 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
 
 def limit_is_cached(profile: GpuProfile | str, rank: int, n_adapters: int,
                     lengths: LengthModel, duration_s: float, seeds: Sequence[int],
-                    threshold: float) -> bool:
+                    threshold: float, slo: Slo | None = None) -> bool:
     """True when ``carry_limit`` with these arguments needs no measurement (in memory, in the
     user's cache or in the shipped file)."""
     key = _carry_key(_profile(profile), rank, n_adapters, lengths, duration_s,
-                     tuple(int(s) for s in seeds), threshold)
+                     tuple(int(s) for s in seeds), threshold, slo)
     return key in _cache or _disk_get(key) is not None
 
 

@@ -264,7 +264,8 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
         prof = t.load_profile()
 
         def limit_of(n: int, prof=prof, r=r) -> float:
-            return carry_limit(prof, r, n, inst.lengths, dur, seeds, thr, workers).limit_tps
+            return carry_limit(prof, r, n, inst.lengths, dur, seeds, thr, workers,
+                               inst.slo).limit_tps
 
         one = limit_of(1)
         per_gpu = total / _count_bound(total, one)
@@ -384,7 +385,7 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         if r is None or max_startable_amax(t.load_profile(), rank) < 1:
             continue
         one = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s, seeds,
-                          inst.starvation_threshold, workers)
+                          inst.starvation_threshold, workers, inst.slo)
         need = 1.0 - SPREAD_SIGMAS * one.spread_tps / float(np.mean(one.per_seed_tps))
         plan = plan_gpu(t.name, t.profile, 1, pairs, inst.mean_tokens, rank)
         top = amax_upper(plan)

@@ -290,7 +290,7 @@ def test_capacity_cut_loop_probes_other_configs(monkeypatch):
         seen.extend((j.config.max_lora_rank, j.config.max_loras) for j in jobs)
         starve = [j.config.max_loras % 16 == 0 for j in jobs]   # reject every Amax 16k
         return SimpleNamespace(per_gpu=[SimpleNamespace(starved=s, memory_error=False,
-                                                        throughput_tps=4500.0)
+                                                        accepted=not s, throughput_tps=4500.0)
                                         for s in starve])
     monkeypatch.setattr(twin.fleet, "simulate_fleet", fake)
     cuts = capacity_cuts(inst, P, [(0, *first, items, None)], duration_s=30, workers=1)

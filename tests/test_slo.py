@@ -208,3 +208,41 @@ def test_verify_rejects_a_gpu_that_misses_its_slo_and_greedy_repairs_it():
     assert fixed.verdict == "accepted" and fixed.n_gpus >= 2
     assert all(g.verified.slo["ok"] for g in fixed.gpus)
     assert any("twin rejected" in r for r in fixed.repairs)
+
+
+# ----------------------------------------------------------------------------- the bound
+SLO_CAP = Slo(ttft_p99_ms=200.0, itl_p99_ms=40.0)
+CAP_DUR = 300.0
+
+
+def _slo_cap() -> float:
+    from optim.capacity import BOUND_SEEDS, carry_limit
+    from twin.lengths import default_lengths
+    return carry_limit(PROFILE, 8, 1, default_lengths(), CAP_DUR, tuple(range(BOUND_SEEDS)),
+                       0.9, 1, SLO_CAP).limit_tps
+
+
+def test_the_slo_cap_is_below_the_throughput_cap():
+    from optim.capacity import BOUND_SEEDS, carry_limit
+    from twin.lengths import default_lengths
+    plain = carry_limit(PROFILE, 8, 1, default_lengths(), CAP_DUR, tuple(range(BOUND_SEEDS)),
+                        0.9, 1).limit_tps
+    assert 0 < _slo_cap() < plain
+
+
+@pytest.mark.parametrize("n,amax,rank,seed,over", [
+    (1, 1, 8, 0, 1.001), (1, 2, 16, 7, 1.01), (2, 2, 8, 3, 1.001), (3, 4, 8, 11, 1.02),
+    (4, 2, 32, 5, 1.005), (6, 6, 8, 9, 1.001), (8, 4, 16, 2, 1.03), (12, 13, 8, 4, 1.001)])
+def test_no_sampled_gpu_meets_the_slo_above_the_slo_cap(n, amax, rank, seed, over):
+    """Adversarial GPUs offered just above the one-adapter cap under the SLO (any count of
+    adapters of unequal rates, any rank, any slots, any seed) are never accepted: the bound
+    that divides the load by that cap stays sound under the SLO."""
+    from twin.lengths import default_lengths
+    per = default_lengths().mean_input + default_lengths().mean_output
+    rng = np.random.default_rng(seed)
+    w = rng.uniform(0.3, 1.0, n)
+    load = over * _slo_cap()
+    ads = [Adapter(f"a{i}", rank, float(x / w.sum() * load / per)) for i, x in enumerate(w)]
+    m = simulate_server(load_profile(PROFILE), ads, ServerConfig(max_loras=amax, slo=SLO_CAP),
+                        CAP_DUR, lengths=default_lengths(), seed=seed)
+    assert not m.accepted
