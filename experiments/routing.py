@@ -58,10 +58,11 @@ import numpy as np
 import pandas as pd
 
 from twin.arrivals import workload_from_dict
-from twin.cli_support import CliError, check_output, progress, write_output
+from twin.cli_support import CliError, check_output, progress, slo_argument, write_output
 from twin.profile import load_profile
 from twin.routing import ROUTER_NAMES, RoutedGpu, RoutingPlan, make_router, simulate_routed
 from twin.routing.snapshot import reference_step_ms
+from twin.slo import Slo
 from twin.workload import Adapter, Requests
 
 from .common import REPO, markdown_table
@@ -161,7 +162,10 @@ TARGETS = {"homogeneous": 1.0, "heterogeneous": 1 / 1.3, "drifting": 1 / 1.3}
 ABLATION = "learned_unpriced"
 
 
-def run_policy(sc: Scenario, policy: str, seed: int) -> dict:
+ROUTING_SLO = Slo(ttft_p99_ms=2000.0, e2e_p99_ms=60_000.0)   # the default --slo
+
+
+def run_policy(sc: Scenario, policy: str, seed: int, slo: Slo = ROUTING_SLO) -> dict:
     """Simulate one scenario under one policy; the row of the table."""
     if policy == ABLATION:
         from twin.routing import LearnedRouter
@@ -178,6 +182,9 @@ def run_policy(sc: Scenario, policy: str, seed: int) -> dict:
            "p99_ttft_s": res.ttft_quantile(0.99), "adapter_loads": res.total_loads,
            "throughput_over_offered": res.throughput_tps() / res.offered_tps(),
            "starved_gpu_minutes": res.starved_gpu_minutes(), "wall_s": wall}
+    judged = res.slo(slo)
+    row.update(slo_met=judged.ok, goodput_rps=judged.goodput_rps,
+               slo_attainment=judged.attainment)
     if policy in ("learned", ABLATION):
         row["learned_decisions"] = dict(router.decisions)
     return row
@@ -242,6 +249,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows and the summary as JSON")
     ap.add_argument("--force", action="store_true", help="overwrite existing output files")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--slo", default=None, metavar="NAME=MS[,...]",
+                    help="latency SLO the policies are also scored on (TTFT / E2E bounds; "
+                         f"default {ROUTING_SLO.describe()})")
     ap.add_argument("--ablation", action="store_true",
                     help=f"also run {ABLATION} (the learned router without its slot price)")
     a = ap.parse_args(argv)
@@ -256,6 +266,10 @@ def main(argv=None) -> int:
         plot_path = (check_output(a.plot, "--plot", a.force) if a.plot is not None
                     else REPO / "results" / "routing.png")  # the study's own default
         json_path = check_output(a.json, "--json", a.force)
+        slo = slo_argument(a.slo) or ROUTING_SLO
+        if slo.itl_p99_ms is not None:
+            raise CliError("--slo: itl_p99_ms cannot be judged on the routed fleet (it keeps no "
+                           "inter-token gaps); use ttft_p99_ms, ttft_mean_ms, e2e_p99_ms")
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -268,7 +282,7 @@ def main(argv=None) -> int:
         sc = build_scenario(name, size, a.seed)
         for pol in policies:
             bar.set_postfix_str(f"{name}/{pol}")
-            rows.append(run_policy(sc, pol, a.seed))
+            rows.append(run_policy(sc, pol, a.seed, slo))
             bar.update(1)
     bar.close()
     df = pd.DataFrame(rows)
@@ -278,8 +292,10 @@ def main(argv=None) -> int:
              f" (held out: tuning used seeds {TUNING_SEEDS})"))
     cols = ["scenario", "policy", "requests", "completed", "mean_ttft_s", "p50_ttft_s",
             "p99_ttft_s", "adapter_loads", "throughput_over_offered", "starved_gpu_minutes",
-            "wall_s"]
+            "slo_attainment", "goodput_rps", "slo_met", "wall_s"]
     print(markdown_table(df[cols]))
+    print(f"SLO: {slo.describe()}; slo_attainment = share of the requests after the warm-up "
+          "within every bound (unserved ones miss); goodput_rps = those per second")
     for r in df[df.policy.isin(["learned", ABLATION])].itertuples():
         print(f"{r.policy} router decisions ({r.scenario}): {r.learned_decisions}")
     if plot_path is not None:

@@ -423,3 +423,24 @@ def test_a_restart_with_a_backlog_makes_requests_late_unless_the_switch_is_gentl
             assert log.restart_begin_s[4] == 40.0 and log.restart_begin_s[3] == \
                 log.restart_up_s[4]
     assert late[False] > 100 and late[True] < late[False] / 4
+
+
+def test_routed_fleet_is_scored_on_slo_attainment():
+    """A routed fleet's requests judged against a TTFT / E2E SLO: attainment is the share of the
+    judged requests within every bound (a plain count), goodput those per second; an ITL bound
+    cannot be judged without inter-token gaps and is refused."""
+    from twin.slo import Slo
+    plan, adapters = _replicated_fleet()
+    req = generate_requests(adapters, 60.0, default_lengths(), seed=2)
+    res = simulate_routed(plan, adapters, req, make_router("least_outstanding", 5), 60.0)
+    slo = Slo(ttft_p99_ms=300.0, e2e_p99_ms=20_000.0, warmup_s=10.0)
+    r = res.slo(slo)
+    a, f, e = req.arrival_s, res.first_t, res.finish_t
+    judged = (a >= 10.0) & (a < 60.0)
+    good = judged & (f >= 0) & (f <= 60.0) & ((f - a) * 1000 <= 300.0) \
+        & (e >= 0) & (e <= 60.0) & ((e - a) * 1000 <= 20_000.0)
+    assert r.judged_requests == judged.sum()
+    assert r.attainment == pytest.approx(good.sum() / judged.sum())
+    assert r.goodput_rps == pytest.approx(good.sum() / 50.0)
+    with pytest.raises(ValueError, match="itl_p99_ms"):
+        res.slo(Slo(itl_p99_ms=50.0))

@@ -25,7 +25,8 @@ Definitions (what a client would measure over the window):
 ``score`` is the smallest bound / observed ratio over the stated bounds (>= 1: met; where a
 quantile falls on unserved requests, the share of requests within the bound over the share
 required), which an Amax search maximises together with the throughput score. ``goodput_rps``: judged requests
-that meet every per-request bound (TTFT and E2E) per second of the judged window.
+that meet every per-request bound (TTFT and E2E) per second of the judged window;
+``attainment``: their share of the judged requests.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class SloResult:
     judged_requests: int = 0
     goodput_rps: float = float("nan")
     score: float = float("inf")
+    attainment: float = float("nan")    # share of judged requests within every per-request bound
 
     @property
     def ok(self) -> bool:
@@ -150,7 +152,8 @@ class SloResult:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "observed": dict(self.observed), "met": dict(self.met),
                 "within": dict(self.within), "judged_requests": self.judged_requests,
-                "goodput_rps": self.goodput_rps, "score": self.score}
+                "goodput_rps": self.goodput_rps, "score": self.score,
+                "attainment": self.attainment}
 
 
 def _quantile_with_unserved(values_ms: np.ndarray, n_unserved: int, q: float) -> float:
@@ -216,7 +219,8 @@ def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: n
     span = duration_s - slo.warmup_s
     return SloResult(observed, met, within, n,
                      float(ok_req.sum()) / span if span > 0 else float("nan"),
-                     float(min(ratios)) if ratios else float("inf"))
+                     float(min(ratios)) if ratios else float("inf"),
+                     float(ok_req.mean()) if n else float("nan"))
 
 
 __all__ = ["SLO_BOUNDS", "Slo", "SloResult", "evaluate_slo", "hist_quantile_upper"]

@@ -227,6 +227,18 @@ class RoutedFleetResult:
         t = self.ttft_s()
         return float(t.mean()) if len(t) else math.nan
 
+    def slo(self, slo):
+        """The fleet's requests judged against a latency SLO (``twin.slo.evaluate_slo``: TTFT
+        and E2E bounds, unserved requests missing; attainment = share of judged requests within
+        every bound, ``goodput_rps``). The routed simulation keeps no inter-token gaps, so an
+        ITL bound is refused rather than passed unjudged."""
+        from twin.slo import evaluate_slo
+        if slo.itl_p99_ms is not None:
+            raise ValueError("slo.itl_p99_ms: the routed fleet simulation does not record "
+                             "inter-token gaps; judge routing on TTFT / E2E bounds")
+        return evaluate_slo(slo, self.requests.arrival_s, self.first_t, self.finish_t,
+                            np.zeros(1, np.int64), self.duration_s)
+
     @property
     def total_loads(self) -> int:
         return int(sum(self.adapter_loads))
