@@ -11,7 +11,8 @@ runs the stages an operator needs, each announced on stderr as it starts:
    and, for greedy, repaired and compacted there;
 3. the report curves: every GPU's twin capacity (the largest load, its adapters' rates scaled
    together, it carries unstarved at its max_loras) and, for the busiest GPUs, twin throughput / offered load against ``max_loras`` with the
-   chosen point and the starvation line;
+   chosen point and the starvation line; under a latency SLO also their p99 TTFT and p99 ITL
+   against ``max_loras`` with the SLO's bounds (the residency cliff, ``twin.cliff``);
 4. the files: ``placement.json`` (the full record with its claim and bound), the deployment
    files of ``optim.deploy`` (vLLM command per GPU, routing table, control-plane manifests) and
    ``report.md`` + ``report.png``.
@@ -195,7 +196,10 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
 class GpuCurve:
     """One GPU's report figures: its twin capacity (the largest offered load, its adapters'
     rates scaled together, it carries unstarved at its chosen Amax) and, when drawn, twin throughput / offered load
-    at each ``max_loras`` of ``amaxes`` (window ``CURVE_WINDOW_S``, the GPU's own seed)."""
+    at each ``max_loras`` of ``amaxes`` (window ``CURVE_WINDOW_S``, the GPU's own seed), with
+    the p99 TTFT and p99 ITL there (ms; ``twin.cliff.observed_p99``: the SLO judgement's
+    values for the bounds the instance's SLO states, an unserved request an infinite TTFT)
+    and whether the point is accepted (started, unstarved, SLO met)."""
 
     gpu: int
     offered_tps: float
@@ -203,6 +207,9 @@ class GpuCurve:
     amaxes: tuple[int, ...] = ()
     served_share: tuple[float, ...] = ()
     memory_error: tuple[bool, ...] = ()
+    p99_ttft_ms: tuple[float, ...] = ()
+    p99_itl_ms: tuple[float, ...] = ()
+    accepted: tuple[bool, ...] = ()
 
 
 def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
@@ -224,6 +231,7 @@ def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0, slo=None):
 def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
                curve_gpus: int = CURVE_GPUS, workers: int | None = None) -> list[GpuCurve]:
     """Every GPU's capacity and the ``max_loras`` curves of the ``curve_gpus`` busiest."""
+    from twin.cliff import observed_p99
     from twin.fleet import simulate_fleet
     from .capacity import max_startable_amax
     thr = inst.starvation_threshold
@@ -264,15 +272,15 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
             sds.append(seeds[g])
             where.append((g, a))
     res = run(jobs, sds)
-    by_gpu: dict[int, list[tuple[int, float, bool]]] = {}
+    by_gpu: dict[int, list[tuple]] = {}
     for (g, a), m in zip(where, res):
         share = m.throughput_tps / m.offered_tps if m.offered_tps > 0 else float("nan")
-        by_gpu.setdefault(g, []).append((a, share, bool(m.memory_error)))
+        by_gpu.setdefault(g, []).append((a, share, bool(m.memory_error), *observed_p99(m),
+                                         bool(m.accepted)))
     out = []
     for g, plan in enumerate(p.gpus):
-        pts = by_gpu.get(g, [])
-        out.append(GpuCurve(g, plan.offered_tps, caps[g], tuple(a for a, _, _ in pts),
-                            tuple(s for _, s, _ in pts), tuple(e for _, _, e in pts)))
+        cols = list(zip(*by_gpu.get(g, []))) or [()] * 6
+        out.append(GpuCurve(g, plan.offered_tps, caps[g], *(tuple(c) for c in cols)))
     return out
 
 
@@ -348,13 +356,18 @@ def bound_basis(bound, final: int | None = None) -> list[str]:
 
 
 def write_png(path: Path, p: Placement, curves: Sequence[GpuCurve], thr: float,
-              bound, window_s: float) -> None:
+              bound, window_s: float, slo=None) -> None:
     """The report's figure: load against twin capacity per GPU; throughput / offered against
-    ``max_loras`` for the drawn GPUs, the chosen point and the starvation line; the bound."""
+    ``max_loras`` for the drawn GPUs, the chosen point and the starvation line; the bound.
+    Under a latency SLO (``slo``, a ``twin.slo.Slo``) a second row draws the drawn GPUs' p99
+    TTFT (log) and p99 ITL against ``max_loras`` with the SLO's bounds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    if slo is None:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    else:
+        fig, ((ax1, ax2), (ax3, ax4)) = plt.subplots(2, 2, figsize=(13, 9.6))
     gi = list(range(p.n_gpus))
     ax1.bar(gi, [c.capacity_tps for c in curves], color="#c6dbef", label="twin capacity")
     ax1.bar(gi, [c.offered_tps for c in curves], width=0.5, color="#2171b5",
@@ -378,6 +391,8 @@ def write_png(path: Path, p: Placement, curves: Sequence[GpuCurve], thr: float,
     ax2.set_ylabel("twin throughput / offered load")
     ax2.set_title(f"throughput vs max_loras ({window_s:g} s window; circle = chosen)")
     ax2.legend(fontsize=8, loc="lower right", ncol=2)
+    if slo is not None:
+        _latency_panels(ax3, ax4, p, curves, slo, window_s)
     lb = (f"twin lower bound {final_bound(p, bound)} GPU(s)" if bound is not None
           else "no twin lower bound")
     fig.suptitle(f"{p.instance}: {p.n_gpus} GPU(s) by {p.method}, verdict "
@@ -385,6 +400,52 @@ def write_png(path: Path, p: Placement, curves: Sequence[GpuCurve], thr: float,
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _latency_panels(ax_ttft, ax_itl, p: Placement, curves: Sequence[GpuCurve], slo,
+                    window_s: float) -> None:
+    """p99 TTFT (log) and p99 ITL against ``max_loras`` for the drawn GPUs: the chosen point
+    circled, a point with more than ``1 - attainment`` of its requests unserved as a triangle
+    at the top, the SLO's bound as a dashed line, and each GPU's adapter count (to its left
+    the GPU has more adapters than slots: the residency cliff) as a dotted line."""
+    import math
+    drawn = [c for c in curves if c.amaxes and c.p99_ttft_ms]
+    for ax, key, name in ((ax_ttft, "p99_ttft_ms", "ttft_p99_ms"),
+                          (ax_itl, "p99_itl_ms", "itl_p99_ms")):
+        bound = getattr(slo, name)
+        vals = [v for c in drawn for v in getattr(c, key) if math.isfinite(v) and v > 0]
+        top = 3 * max(vals + ([bound] if bound else []), default=1000.0)
+        lost = False
+        for c in drawn:
+            ys = getattr(c, key)
+            ok = [(a, y) for a, y, e in zip(c.amaxes, ys, c.memory_error)
+                  if not e and math.isfinite(y)]
+            line, = ax.plot([a for a, _ in ok], [y for _, y in ok], marker=".",
+                            label=f"GPU {c.gpu}")
+            gone = [a for a, y, e in zip(c.amaxes, ys, c.memory_error) if not e and math.isinf(y)]
+            if gone:
+                lost = True
+                ax.plot(gone, [top] * len(gone), "^", ms=5, color=line.get_color())
+            chosen = p.gpus[c.gpu].max_loras
+            if chosen in c.amaxes and math.isfinite(ys[c.amaxes.index(chosen)]):
+                ax.plot([chosen], [ys[c.amaxes.index(chosen)]], "o", ms=10, mfc="none",
+                        color=line.get_color())
+            ax.axvline(p.gpus[c.gpu].n_adapters, color=line.get_color(), ls=":", lw=0.8)
+        if bound:
+            ax.axhline(bound, color="crimson", ls="--", lw=1, label=f"SLO {bound:g} ms")
+        if lost:
+            ax.plot([], [], "^", color="black",
+                    label=f"> {100 * (1 - slo.attainment):g} % of requests unserved")
+        ax.set_xscale("log", base=2)
+        if key == "p99_ttft_ms":
+            ax.set_yscale("log")
+        elif vals:
+            ax.set_ylim(0, top / 3 * 1.15)
+        ax.set_xlabel("max_loras (Amax); dotted: the GPU's adapter count")
+        ax.set_ylabel("ms")
+        what = "p99 TTFT" if key == "p99_ttft_ms" else "p99 ITL"
+        ax.set_title(f"{what} vs max_loras ({window_s:g} s window; circle = chosen)")
+        ax.legend(fontsize=8, loc="best", ncol=2)
 
 
 def _first_command(deploy_files: Sequence[str], out_dir: Path | None) -> str | None:
@@ -427,8 +488,15 @@ def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCur
               "adapters' rates scaled together, it carries unstarved at its max_loras). Right: twin throughput / offered "
               f"load against max_loras for the {min(CURVE_GPUS, p.n_gpus)} busiest GPUs, over a "
               f"{CURVE_WINDOW_S:g} s window with each GPU's verification seed; below the dashed "
-              "line a GPU starves.", "",
-              "## Lower bound", ""]
+              "line a GPU starves."
+              + (" Bottom: their p99 TTFT (log scale) and p99 ITL against max_loras with the "
+                 f"SLO's bounds ({inst.slo.describe()}; a triangle: more than "
+                 f"{100 * (1 - inst.slo.attainment):g} % of the requests unserved); left of a "
+                 "GPU's dotted line it has more adapters than slots, where the tail TTFT "
+                 "collapses (the residency cliff)." if inst.slo is not None else ""), ""]
+    if inst.slo is not None:
+        lines += _latency_table(p, curves, inst.slo)
+    lines += ["## Lower bound", ""]
     lines += [f"- {x}" for x in bound_basis(bound, final_bound(p, bound) if bound else None)]
     if p.notes or p.repairs:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in p.notes] + \
@@ -444,6 +512,35 @@ def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCur
     lines += [f"- `{f}`" for f in deploy_files]
     lines += ["", "## Timings", ""] + [f"- {k}: {v:.1f} s" for k, v in stages.items()]
     return "\n".join(lines) + "\n"
+
+
+def _latency_table(p: Placement, curves: Sequence[GpuCurve], slo) -> list[str]:
+    """report.md's section on the drawn GPUs' p99 latencies against ``max_loras``."""
+    import math
+
+    def ms(v: float) -> str:
+        return "n/a" if math.isnan(v) else "unserved" if math.isinf(v) else f"{v:,.1f}"
+
+    out = ["## Latency against max_loras", "",
+           f"SLO: {slo.describe()}. Per drawn GPU, its p99 TTFT and p99 ITL (ms) at each "
+           "max_loras of the curve (**bold**: the chosen one; `unserved`: the quantile falls on "
+           "requests without a first token by the window's end).", ""]
+    for c in curves:
+        if not c.amaxes or not c.p99_ttft_ms:
+            continue
+        g = p.gpus[c.gpu]
+        out += [f"GPU {c.gpu} ({g.n_adapters} adapters, chosen max_loras {g.max_loras}):", "",
+                "| max_loras | served / offered | p99 TTFT ms | p99 ITL ms | accepted |",
+                "|---|---|---|---|---|"]
+        for a, sh, err, tt, it, ok in zip(c.amaxes, c.served_share, c.memory_error,
+                                          c.p99_ttft_ms, c.p99_itl_ms, c.accepted):
+            ax = f"**{a}**" if a == g.max_loras else str(a)
+            if err:
+                out.append(f"| {ax} | memory error | - | - | no |")
+                continue
+            out.append(f"| {ax} | {sh:.3f} | {ms(tt)} | {ms(it)} | {'yes' if ok else 'no'} |")
+        out.append("")
+    return out
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -471,7 +568,8 @@ def _bound_cached(inst: Instance, dur: float) -> bool:
     for t in inst.gpu_types:
         r = _type_rank(inst, t)
         if r is not None and not limit_is_cached(t.load_profile(), r, 1, inst.lengths, dur,
-                                                  _bound_seeds(inst), inst.starvation_threshold):
+                                                  _bound_seeds(inst), inst.starvation_threshold,
+                                                  inst.slo):
             return False
     return True
 
@@ -543,7 +641,8 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
             "GPUs starve; --allow-rejected writes them, marked rejected)")
     else:
         files += write_deployment(p, out, opts, force=True)
-    write_png(out / "report.png", p, curves, inst.starvation_threshold, bound, CURVE_WINDOW_S)
+    write_png(out / "report.png", p, curves, inst.starvation_threshold, bound, CURVE_WINDOW_S,
+              inst.slo)
     stages["files"] = time.perf_counter() - t3
     deploy_rel = [str(f.relative_to(out)) for f in files[1:]]
     (out / "report.md").write_text(report_markdown(inst, p, bound, curves, deploy_rel, stages, out),

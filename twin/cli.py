@@ -14,9 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from .cli_support import (EXIT_CODES_EPILOG, CliError, HelpFormatter, check_input_file,
-                          check_output, float_above, positive_float, positive_int, progress,
-                          run_command, seed_type, write_output)
+from .cli_support import (EXIT_CODES_EPILOG, SLO_HELP, CliError, HelpFormatter,
+                          check_input_file, check_output, float_above, positive_float,
+                          positive_int, progress, run_command, seed_type, slo_argument,
+                          write_output)
 from .limits import check_run_size
 from .profile import GpuProfile, load_profile
 
@@ -299,7 +300,22 @@ def cmd_maxpack(a: argparse.Namespace) -> int:
     ranks = parse_int_list("ranks", a.ranks)
     check_ranks(profile, ranks, "--ranks")
     lengths = parse_lengths(a.lengths)
+    slo = slo_argument(a.slo)
+    plot = _check_plot(a.plot, a.force)
+    cliff = slo is not None or plot is not None or a.adapters is not None
+    if slo is not None and a.duration <= slo.warmup_s:
+        raise CliError(f"--duration {a.duration:g}: must exceed the SLO's warm-up of "
+                       f"{slo.warmup_s:g} s (--slo warmup_s), else no request is judged")
+    if a.adapters is not None:
+        n = a.adapters
+        _check_cliff_size(rates, n, a.duration)
+        print(f"configuration: profile {profile.label()} ({profile.gpu}); {n} adapters, rates "
+              f"{a.rates} req/s and ranks {a.ranks} cycled over them; window {a.duration:g} s; "
+              f"seed {a.seed} (--adapters: no Maxpack search)", flush=True)
+        return _maxpack_cliff(a, profile, rates, ranks, lengths, slo, plot, n)
     check_run_size(max(N_GRID), max(rates) * max(N_GRID), a.duration, "--rates/--duration")
+    if cliff:
+        _check_cliff_size(rates, max(N_GRID), a.duration)
     amaxes = [x for x in AMAX_GRID if profile.kv_tokens(x, max(ranks)) is not None]
     if not amaxes:
         raise CliError(f"--ranks: no Amax of the grid {list(AMAX_GRID)} starts at max rank "
@@ -324,6 +340,102 @@ def cmd_maxpack(a: argparse.Namespace) -> int:
         return 1
     print(f"maxpack served_adapters={res.served_adapters} max_loras={res.max_loras} "
           f"throughput_tps={res.throughput_tps:.1f} (tok/s)")
+    if not cliff:
+        return 0
+    print()
+    print(f"residency cliff of the {res.served_adapters} adapters Maxpack serves "
+          "(--adapters N: another count)")
+    return _maxpack_cliff(a, profile, rates, ranks, lengths, slo, plot, res.served_adapters)
+
+
+def _mix_rate(rates: Sequence[float], n: int) -> float:
+    """Total request rate of ``n`` adapters with ``rates`` cycled over them."""
+    return (n // len(rates)) * sum(rates) + sum(rates[:n % len(rates)])
+
+
+def _check_cliff_size(rates: Sequence[float], n: int, duration: float) -> None:
+    """The cliff's largest replay (2n adapters of the mix: its adapter sweep) within limits."""
+    check_run_size(n, _mix_rate(rates, n), duration, "--adapters/--rates/--duration")
+    check_run_size(2 * n, _mix_rate(rates, 2 * n), duration,
+                   f"--adapters/--rates/--duration (the cliff's adapter sweep goes to 2 x {n} "
+                   "adapters)")
+
+
+def _check_plot(path: str | None, force: bool) -> Path | None:
+    """``--plot``: a new file (or ``--force``) whose extension matplotlib writes."""
+    out = check_output(path, "--plot", force)
+    if out is None:
+        return None
+    from .cliff import plot_formats
+    ext = out.suffix.lower().lstrip(".")
+    formats = plot_formats()
+    if ext not in formats:
+        raise CliError(f"--plot {path}: the file name must end in an image format matplotlib "
+                       f"writes ({', '.join('.' + f for f in sorted(formats))}), e.g. cliff.png")
+    return out
+
+
+def _maxpack_cliff(a: argparse.Namespace, profile: GpuProfile, rates, ranks, lengths, slo,
+                   plot: Path | None, n: int) -> int:
+    """The residency-cliff sweeps of ``n`` adapters (``twin.cliff``): tables, the recommended
+    vLLM flags, the figure; exit 1 when no max_loras is accepted."""
+    from .cliff import ladder, max_startable, cliff_sweep, plot_cliff, table_lines
+
+    _check_cliff_size(rates, n, a.duration)
+    top = max_startable(profile, max(ranks))
+    if top < 1:
+        raise CliError(f"--ranks: no max_loras starts at max rank {max(ranks)} on profile "
+                       f"'{profile.name}'")
+    hi = min(n + 1, top)
+    runs = len(ladder(hi, near=(n,))) + len(ladder(2 * n, near=(n, min(n, top))))
+    slo_text = f"; SLO {slo.describe()}" if slo is not None else "; no latency SLO (--slo)"
+    print(f"sweeps: max_loras 1..{hi} with {n} adapters, then adapters 1..{2 * n} at the "
+          f"recommended max_loras; max_lora_rank {max(ranks)}; window {a.duration:g} s; seed "
+          f"{a.seed}{slo_text}", flush=True)
+    with progress(total=runs, desc="cliff (twin runs, about)", quiet=a.quiet, unit="run") as bar:
+        rep = cliff_sweep(profile, rates, ranks, n, slo=slo, duration_s=a.duration,
+                          lengths=lengths, seed=a.seed, on_point=lambda p: bar.update(1))
+    print()
+    print(f"against max_loras ({n} adapters; * recommended, > more adapters than slots):")
+    for line in table_lines(rep.by_max_loras, rep.recommended):
+        print(line)
+    if rep.by_adapters is not None:
+        print()
+        print(f"against the number of adapters (max_loras {rep.by_adapters.fixed}"
+              f"{'' if rep.recommended is not None else ', none accepted: min(adapters, largest startable)'}):")
+        for line in table_lines(rep.by_adapters):
+            print(line)
+    print()
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        plot_cliff(rep, plot)
+    if rep.recommended is None:
+        why = ("meets the SLO without starving" if slo is not None
+               else "serves the mix without starving")
+        print(f"cliff: no max_loras in 1..{hi} {why} with {n} adapters: fewer adapters per GPU "
+              "(the Maxpack search above, or a smaller --adapters), a looser --slo or another "
+              "GPU profile")
+        if plot is not None:
+            print(f"wrote {plot}")
+        return 1
+    p = rep.point(rep.recommended)
+    print(f"recommended: max_loras {rep.recommended} for {n} adapters: throughput "
+          f"{p.throughput_tps:,.1f} of {p.offered_tps:,.1f} tok/s offered, p99 TTFT "
+          f"{p.p99_ttft_ms:,.1f} ms, p99 ITL {p.p99_itl_ms:,.1f} ms"
+          + (f", meets {slo.describe()}" if slo is not None else ""))
+    edge = rep.point(rep.recommended - 1)
+    if edge is not None and not edge.accepted:
+        why = ("starved" if edge.starved else "misses the SLO" if edge.slo_met is False
+               else "not accepted")
+        print(f"  one slot fewer (max_loras {edge.max_loras}): {why}, p99 TTFT "
+              f"{edge.p99_ttft_ms:,.1f} ms")
+    if slo is None and rep.recommended < n:
+        print(f"  note: no --slo, and the 90 % rule does not bound latency: with {n} adapters "
+              f"on {rep.recommended} slots requests wait for a slot (p99 TTFT "
+              f"{p.p99_ttft_ms / 1000:,.1f} s); state --slo to stay off the residency cliff")
+    print("vLLM flags: " + " ".join(rep.flags) + f"  (plus --lora-modules for the {n} adapters)")
+    if plot is not None:
+        print(f"wrote {plot}")
     return 0
 
 
@@ -514,7 +626,12 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt, epilog=EXIT_CODES_EPILOG,
                        description="For each Amax of the grid, walk the adapter count N up "
                                    "while one GPU serves the mix without starving; report the "
-                                   "best point (exit 1 when no point passes).")
+                                   "best point (exit 1 when no point passes). With --slo, "
+                                   "--plot or --adapters, then sweep max_loras for those "
+                                   "adapters (the residency cliff: tail TTFT collapses once "
+                                   "more adapters are active than slots) and print the "
+                                   "recommended vLLM flags (exit 1 when no max_loras is "
+                                   "accepted).")
     m.add_argument("--profile", default=DEFAULT_PROFILE,
                    help="GPU profile: a shipped name or a JSON path")
     m.add_argument("--rates", required=True, help="request rates (req/s) cycled over the adapters")
@@ -524,6 +641,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--duration", type=float_above(0.0), default=DEFAULT_DURATION_S,
                    help="simulated window of each twin run, seconds")
     m.add_argument("--seed", type=seed_type, default=0, help="workload seed (0 .. 2^32-1)")
+    m.add_argument("--slo", default=None, metavar="NAME=MS,...",
+                   help=SLO_HELP + "; here: after the search, sweep max_loras and the adapter "
+                        "count (twin.cliff), print the tables and the recommended vLLM flags "
+                        "(the smallest accepted max_loras of best throughput)")
+    m.add_argument("--plot", default=None, metavar="PNG",
+                   help="after the search, sweep as --slo does and draw the residency cliff "
+                        "(throughput, p99 TTFT, p99 ITL and active adapters against max_loras "
+                        "and against the adapter count) to this image file")
+    m.add_argument("--adapters", type=positive_int, default=None, metavar="N",
+                   help="sweep N adapters of the mix instead of searching (default with --slo "
+                        "or --plot: the count the search serves)")
+    m.add_argument("--force", action="store_true", help="overwrite an existing --plot file")
     m.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     m.set_defaults(func=cmd_maxpack)
 
