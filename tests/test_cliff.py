@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -164,7 +163,6 @@ def test_cli_bad_slo_is_one_line_in_a_subprocess():
 
 # ----------------------------------------------------------------------------- the plan report
 def _placement(inst, amax: int) -> Placement:
-    from optim.instance import Instance  # noqa: F401  (the instance type the report takes)
     pairs = tuple((a, 1.0) for a in inst.adapters)
     offered = sum(inst.load_tps(a) for a in inst.adapters)
     g = GpuPlan(inst.gpu_types[0].name, PROFILE, amax, 8, pairs, offered)

@@ -415,6 +415,12 @@ def _maxpack_cliff(a: argparse.Namespace, profile: GpuProfile, rates, ranks, len
         print(f"cliff: no max_loras in 1..{hi} {why} with {n} adapters: fewer adapters per GPU "
               "(the Maxpack search above, or a smaller --adapters), a looser --slo or another "
               "GPU profile")
+        b = rep.by_adapters
+        most = max((q.adapters for q in b.points if q.accepted), default=None) if b else None
+        if most is not None:
+            print(f"  the adapter sweep: at max_loras {b.fixed}, at most {most} adapters of the "
+                  "mix are accepted (--adapters "
+                  f"{most} recommends a max_loras for that count)")
         if plot is not None:
             print(f"wrote {plot}")
         return 1
