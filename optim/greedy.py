@@ -112,6 +112,39 @@ class CapacitySurrogate:
         return thr, ~(feasible & ~ood)
 
 
+class SloGated:
+    """A packing surrogate that also calls a GPU infeasible when its offered load exceeds
+    ``cap_tps``: the largest load one GPU of the type carries under the instance's latency SLO
+    in its least-work configuration (one adapter, the smallest rank; ``capacity.carry_limit``
+    with the SLO, twin-measured). No GPU carrying more is accepted (the bound's argument), so
+    the gate never refuses a fill the twin would accept; it stops the throughput surrogate from
+    packing GPUs the SLO must then split."""
+
+    def __init__(self, model, cap_tps: float, load_col: int) -> None:
+        self.model, self.cap_tps, self.load_col = model, float(cap_tps), int(load_col)
+
+    def predict_unchecked(self, M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        thr, starved = self.model.predict_unchecked(M)
+        return thr, starved | (M[:, self.load_col] > self.cap_tps)
+
+
+def slo_caps(inst: Instance, duration_s: float, workers: int | None = None) -> dict[str, float]:
+    """Per GPU type, the one-adapter carry limit under ``inst.slo`` at the type's smallest rank
+    (``SloGated``); empty without an SLO."""
+    if inst.slo is None:
+        return {}
+    from .capacity import carry_limit
+    from .feasibility import _bound_seeds, _type_rank
+    out = {}
+    for t in inst.gpu_types:
+        r = _type_rank(inst, t)
+        if r is not None:
+            out[t.name] = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s,
+                                      _bound_seeds(inst), inst.starvation_threshold, workers,
+                                      inst.slo).limit_tps
+    return out
+
+
 SURROGATES = ("fast", "capacity")
 _CAPACITY_CACHE: dict[str, CapacitySurrogate] = {}
 
@@ -253,13 +286,16 @@ def _choose(fills: dict[str, Fill], types: dict[str, GpuType], objective: str) -
 
 
 def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] | None = None,
-                    shares: Sequence[float] | None = None
+                    shares: Sequence[float] | None = None, caps: dict[str, float] | None = None
                     ) -> tuple[list[Adapter], dict, np.ndarray]:
-    """Adapters (default: the instance's), the packing surrogate per GPU type name, and the
-    adapters' feature rows at the routed rates (``shares`` x rate; default shares 1) — what
-    filling and spreading read."""
+    """Adapters (default: the instance's), the packing surrogate per GPU type name (gated by
+    the SLO load ``caps`` where given: ``SloGated``), and the adapters' feature rows at the
+    routed rates (``shares`` x rate; default shares 1) — what filling and spreading read."""
+    from surrogates.features import IDX
     ads = list(inst.adapters if adapters is None else adapters)
     models = {t.name: load_surrogate(t.profile, surrogate) for t in inst.gpu_types}
+    for name, cap in (caps or {}).items():
+        models[name] = SloGated(models[name], cap, IDX["load"])
     return ads, models, _features(inst, ads, shares)
 
 
@@ -373,7 +409,7 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
 
 def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
                  pool: dict[str, int] | None = None, surrogate: str = "fast",
-                 shares: Sequence[float] | None = None
+                 shares: Sequence[float] | None = None, caps: dict[str, float] | None = None
                  ) -> tuple[list[GpuPlan], bool, list[str]]:
     """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's)
     with the ``surrogate`` packing model; ``shares`` (default 1 each) are the parts of each
@@ -384,7 +420,7 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
     types = {t.name: t for t in inst.gpu_types}
     pool = dict(pool) if pool is not None else {t.name: t.count for t in inst.gpu_types}
     shares = [1.0] * len(adapters) if shares is None else list(shares)
-    adapters, models, phi_all = _packing_inputs(inst, surrogate, adapters, shares)
+    adapters, models, phi_all = _packing_inputs(inst, surrogate, adapters, shares, caps)
     amaxes = {name: amax_candidates() for name in models}
     order = maxpack_order(_routed(adapters, shares))
     ordered = [(adapters[i], shares[i]) for i in order]
@@ -418,8 +454,11 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
             k = inst.max_homes
             split = (f", nor split over max_homes={k} GPUs (no 1/{k} share is served alone)"
                      if k > 1 and s == 1.0 else "")
+            slo = (f"; under the SLO {inst.slo.describe()} one GPU carries at most "
+                   + ", ".join(f"{c:,.0f} tok/s ({n})" for n, c in caps.items())
+                   if caps else "")
             raise ValueError(f"adapter '{a.id}' (rank {a.rank}, rate {a.rate}{part}) cannot be "
-                             f"served by any GPU type, even alone (surrogate){split}")
+                             f"served by any GPU type, even alone (surrogate){split}{slo}")
         f = fills[t]
         pool[t] -= 1
         pred = GpuMetrics(f.load, f.throughput, False, False)
@@ -452,7 +491,8 @@ def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int
     return twin_best_amax(inst, plan, seed, duration_s)[0]
 
 
-def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[GpuPlan], bool]:
+def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str,
+            caps: dict[str, float] | None = None) -> tuple[list[GpuPlan], bool]:
     """While the surrogate accepts the adapters spread (``_spread``) over the GPUs minus the last
     one opened, take that spread. Next-fit in Maxpack order can leave a GPU's worth of slack
     spread over several GPUs (a few hot adapters late in the order); returns (plans, shrunk)."""
@@ -460,7 +500,7 @@ def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str) -> tuple[list[
         return plans, False
     types = {t.name: t for t in inst.gpu_types}
     ads, shares = _plan_items(inst, plans)
-    ads, models, phi = _packing_inputs(inst, surrogate, ads, shares)
+    ads, models, phi = _packing_inputs(inst, surrogate, ads, shares, caps)
     amaxes = amax_candidates()
     shrunk = False
     while len(plans) >= 2:
@@ -504,13 +544,14 @@ def _rebalanced(inst: Instance, p: Placement, models: dict, amaxes: np.ndarray,
 
 
 def repair(inst: Instance, placement: Placement, objective: str, duration_s: float,
-           max_rounds: int = 20, surrogate: str = "fast") -> Placement:
+           max_rounds: int = 20, surrogate: str = "fast",
+           caps: dict[str, float] | None = None) -> Placement:
     """Make every GPU twin-accepted (see module docstring); returns the repaired placement."""
     from .verify import verify
     p = verify(placement, inst, duration_s=duration_s)
     changes = list(p.repairs)
     amaxes = amax_candidates()
-    models = _packing_inputs(inst, surrogate)[1] if p.verdict == "rejected" else None
+    models = _packing_inputs(inst, surrogate, caps=caps)[1] if p.verdict == "rejected" else None
     rounds = 0
     while p.verdict == "rejected" and rounds < max_rounds:
         rounds += 1
@@ -560,11 +601,12 @@ def repair(inst: Instance, placement: Placement, objective: str, duration_s: flo
             used[plan.gpu_type] = used.get(plan.gpu_type, 0) + 1
         pool = {t.name: max(t.count - used.get(t.name, 0), 0) for t in inst.gpu_types}
         new, over, _ = (greedy_plans(inst, [a for a, _ in evicted], objective, pool, surrogate,
-                                     [s for _, s in evicted]) if evicted else ([], False, []))
+                                     [s for _, s in evicted], caps)
+                        if evicted else ([], False, []))
         for plan in new:
             pool[plan.gpu_type] = max(pool.get(plan.gpu_type, 0) - 1, 0)
         for a, s in alone:
-            one, over_one, _ = greedy_plans(inst, [a], objective, pool, surrogate, [s])
+            one, over_one, _ = greedy_plans(inst, [a], objective, pool, surrogate, [s], caps)
             for plan in one:
                 pool[plan.gpu_type] = max(pool.get(plan.gpu_type, 0) - 1, 0)
             new, over = new + one, over or over_one
@@ -596,15 +638,18 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
     if surrogate not in SURROGATES:
         raise ValueError(f"greedy: option 'surrogate' must be one of {SURROGATES}, "
                          f"got {surrogate!r}")
+    dur = opts.extra.get("duration_s")
+    dur = float(dur if dur is not None else inst.duration_s)
     try:
+        caps = slo_caps(inst, dur, opts.extra.get("workers"))
         ads, shares, notes = (replicate(inst, surrogate) if inst.max_homes > 1
                               else (list(inst.adapters), None, []))
         plans, over_pool, fill_notes = greedy_plans(inst, ads, obj.name, surrogate=surrogate,
-                                                    shares=shares)
+                                                    shares=shares, caps=caps)
         notes = notes + fill_notes
         if not over_pool:
             opened = len(plans)
-            plans, shrunk = _shrink(inst, plans, surrogate)
+            plans, shrunk = _shrink(inst, plans, surrogate, caps)
             if shrunk:
                 notes = notes + [f"a load-balanced spread over {len(plans)} GPUs (next-fit "
                                  f"opened {opened}) is predicted feasible"]
@@ -616,10 +661,10 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
                       tuple(plans), wall_time_s=wall, notes=tuple(notes),
                       params={"test_points": list(TEST_POINTS), "placement_wall_s": wall,
                               "surrogate": surrogate, "max_homes": inst.max_homes})
+    if caps:
+        place = place.with_(params={**place.params, "slo_load_cap_tps": caps})
     if opts.extra.get("repair", False):
-        dur = opts.extra.get("duration_s")
-        dur = float(dur if dur is not None else inst.duration_s)
-        place = repair(inst, place, obj.name, dur, surrogate=surrogate)
+        place = repair(inst, place, obj.name, dur, surrogate=surrogate, caps=caps)
         if opts.extra.get("compact", True) and place.status == "solved":
             from .compaction import compact
             place = compact(inst, place, dur, workers=opts.extra.get("workers"))
