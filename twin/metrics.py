@@ -142,9 +142,14 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
                     first_t: np.ndarray, finish_t: np.ndarray, stats: np.ndarray,
                     itl_hist: np.ndarray, duration_s: float, offered_tps: float,
                     kv_blocks: int, block_size: int, starvation_threshold: float = 0.9,
-                    slo=None) -> RunMetrics:
+                    slo=None, adapter: np.ndarray | None = None, latency_tail=None
+                    ) -> RunMetrics:
     """Summarise one kernel run over the window ``[0, duration_s]``; with ``slo`` (a
-    ``twin.slo.Slo``) the run is also judged against it (``RunMetrics.slo``)."""
+    ``twin.slo.Slo``) the run is also judged against it (``RunMetrics.slo``). With
+    ``latency_tail`` (a ``twin.latency_tail.LatencyTail``; ``adapter``: each request's adapter
+    index) the TTFT and ITL quantities are the client's (the engine's plus the API server's
+    latency, adapter cold starts and token delivery delays); throughput, mean ITL and TPOT are
+    the engine's either way."""
     in_window = arrival < duration_s
     done = (finish_t >= 0) & (finish_t <= duration_s)
     n_arrived = int(in_window.sum())
@@ -158,6 +163,13 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     n_gaps = float((out_len[multi] - 1).sum())
     mean_itl = 1000.0 * gaps / n_gaps if n_gaps > 0 else float("nan")
     ttft = (first_t[done] - arrival[done]) * 1000.0
+    if latency_tail is not None:
+        from .latency_tail import itl_quantiles_ms, run_features, ttft_offsets_ms
+        running, n_adapters, first = run_features(arrival, adapter, stats, duration_s)
+        ttft = ttft + ttft_offsets_ms(latency_tail, running, n_adapters, first[done])
+        p50_itl, p99_itl = itl_quantiles_ms(latency_tail, itl_hist, running, n_adapters)
+    else:
+        p50_itl, p99_itl = _hist_quantile(itl_hist, 0.5), _hist_quantile(itl_hist, 0.99)
     if n_done:
         mean_ttft = float(ttft.mean())
         p50_ttft, p99_ttft = (float(x) for x in np.percentile(ttft, [50, 99]))
@@ -184,8 +196,8 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         unfinished_requests=n_unfinished,
         rejected_requests=int(stats[K.ST_REJECTED]),
         mean_itl_ms=mean_itl,
-        p50_itl_ms=_hist_quantile(itl_hist, 0.5),
-        p99_itl_ms=_hist_quantile(itl_hist, 0.99),
+        p50_itl_ms=p50_itl,
+        p99_itl_ms=p99_itl,
         mean_ttft_ms=mean_ttft,
         p50_ttft_ms=p50_ttft,
         p99_ttft_ms=p99_ttft,

@@ -1,0 +1,396 @@
+"""What the client sees beyond the engine: TTFT and inter-token-gap tails of a vLLM server.
+
+The twin's kernel times the *engine* (scheduler steps). vLLM's benchmark client times tokens as
+they reach it through the OpenAI API server, and the shared max-search runs
+(``validation_llama/maxsearch_llama.csv``, 361 runs with mean/median/p99 TTFT and ITL) show three
+things the engine alone does not have (measured against the twin's replays of those runs; the
+fit command below prints the SMAPE before and after):
+
+1. **A per-request latency on TTFT** outside the engine (HTTP, tokenisation, handing the first
+   token back through the API server), which grows with the streams the API server is serving:
+   on the lightly loaded runs the real median TTFT is 5-7 ms above the twin's, 20-35 ms at 40-80
+   running requests. Modelled as ``ttft_base_ms + ttft_per_running_ms * R + ttft_per_adapter_ms
+   * N`` on every completed request (R: the twin's mean running requests, N: adapters with
+   requests in the run).
+2. **A cold start for the first request of each adapter.** The shared runs do not pre-load
+   adapters (``lora_pre_loading`` False), so the first request of an adapter waits for it to be
+   read from disk and set up (calibration/adapter_loading_samples.csv: disk->CPU loads of 70-885
+   ms). Whenever first requests are more than 1 % of the requests (served adapters / arrivals >
+   1 %: every low-rate max-search configuration), the real p99 TTFT of an idle server is
+   330-400 ms while its median is 33-45 ms; where they are fewer than 0.2 %, p99 is 60-100 ms.
+   Modelled as ``cold_start_ms`` added to the TTFT of each adapter's first request.
+3. **Token delivery jitter.** The API server hands tokens to the client late now and then,
+   more often and longer the more streams it serves; a late token is followed by a short gap
+   (the next token catches up), so the mean inter-token gap is unchanged while the tail widens
+   (the real p99 ITL keeps growing with running requests and adapters where the engine's
+   saturates per ``max_loras``; on the most loaded real servers the median gap is 0.01 ms:
+   tokens arriving in bursts). Modelled as an independent delay per token: none with
+   probability ``1 - itl_delay_prob``, else exponential with mean
+   ``mu = itl_delay_ms * R / (R + itl_delay_half_running) * (N / 100) ** itl_delay_adapter_exp``
+   (the delay saturates once the API server is busy all the time);
+   an observed gap is ``g + J_i - J_{i-1}`` (g: the engine's gap from the twin's histogram,
+   J: the delivery delays of the token and of the one before), clipped at zero. Its median and
+   p99 are computed exactly from the histogram (no sampling).
+
+None of it touches the kernel: throughput, step counts, mean ITL and mean TPOT are those of the
+engine (a constant delivery offset and a delivery delay of the first token move first and last
+token alike, so TPOT is unchanged; a delay followed by a catch-up leaves the total decode time,
+hence the mean ITL, as it was). The model is opt-in: ``twin.metrics.compute_metrics(...,
+adapter=, latency_tail=)`` applies it (``experiments.twin_fidelity`` does, with
+:func:`latency_tail_for`); ``simulate_server`` and the SLO judgement (``twin.slo``) still report
+the engine's latencies. Profiles without fitted constants (``latency_tail.json`` beside the
+profiles has no entry for them) give ``None`` and the plain computation.
+
+Refit (writes ``twin/profiles/latency_tail.json``)::
+
+    python -m twin.latency_tail --fit ../shared/data/vllm_h100 [--profile llama-3.1-8b-instruct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from . import kernel as K
+
+CONSTANTS_FILE = Path(__file__).resolve().parent / "profiles" / "latency_tail.json"
+N_REF = 100.0       # adapters at which the saturated mean delivery delay is itl_delay_ms
+
+
+@dataclass(frozen=True)
+class LatencyTail:
+    """Fitted constants of the client-side latency model (module docstring)."""
+
+    ttft_base_ms: float
+    ttft_per_running_ms: float
+    ttft_per_adapter_ms: float
+    cold_start_ms: float
+    itl_delay_prob: float
+    itl_delay_ms: float
+    itl_delay_half_running: float
+    itl_delay_adapter_exp: float
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+                raise ValueError(f"latency tail: {f.name} must be a finite number, got {v!r}")
+        if not 0.0 <= self.itl_delay_prob <= 1.0:
+            raise ValueError(f"latency tail: itl_delay_prob must be in [0, 1], got "
+                             f"{self.itl_delay_prob!r}")
+        for name in ("ttft_base_ms", "ttft_per_running_ms", "ttft_per_adapter_ms",
+                     "cold_start_ms", "itl_delay_ms", "itl_delay_half_running"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"latency tail: {name} must be >= 0, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LatencyTail":
+        names = {f.name for f in fields(cls)}
+        missing = names - set(d)
+        if missing:
+            raise ValueError(f"latency tail: missing constants {sorted(missing)}")
+        return cls(**{k: float(d[k]) for k in names})
+
+    def delay_mean_ms(self, running: float, adapters: float) -> float:
+        """Mean delivery delay (ms) of a delayed token at ``running`` streams, ``adapters``."""
+        if running <= 0 or adapters <= 0:
+            return 0.0
+        return float(self.itl_delay_ms * running / (running + self.itl_delay_half_running)
+                     * (adapters / N_REF) ** self.itl_delay_adapter_exp)
+
+
+# ---------------------------------------------------------------------------------------------
+# the constants shipped beside the profiles
+
+_loaded: dict[str, dict] | None = None
+
+
+def _constants_file_entries(path: Path = CONSTANTS_FILE) -> dict[str, dict]:
+    global _loaded
+    if path != CONSTANTS_FILE:
+        return json.loads(path.read_text()).get("profiles", {})
+    if _loaded is None:
+        _loaded = json.loads(path.read_text()).get("profiles", {}) if path.exists() else {}
+    return _loaded
+
+
+def latency_tail_for(profile) -> LatencyTail | None:
+    """The fitted constants of ``profile`` (a ``GpuProfile`` or its name); None when none were
+    fitted for it (its latencies are then the engine's, as before this model)."""
+    name = profile if isinstance(profile, str) else getattr(profile, "name", None)
+    entry = _constants_file_entries().get(name) if name else None
+    return None if entry is None else LatencyTail.from_dict(entry["constants"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the model applied to one run's kernel outputs
+
+def run_features(arrival: np.ndarray, adapter: np.ndarray | None, stats: np.ndarray,
+                 duration_s: float) -> tuple[float, float, np.ndarray]:
+    """(mean running requests R, adapters with arrivals N, mask of each adapter's first
+    arrival) of one run; without ``adapter`` N is 0 and no request is a first one."""
+    running = float(stats[K.ST_RUNNING_S]) / duration_s
+    first = np.zeros(len(arrival), bool)
+    if adapter is None or len(arrival) == 0:
+        return running, 0.0, first
+    win = np.flatnonzero(arrival < duration_s)
+    if len(win) == 0:
+        return running, 0.0, first
+    order = win[np.lexsort((arrival[win], adapter[win]))]        # by adapter, then arrival
+    a = adapter[order]
+    head = np.ones(len(order), bool)
+    head[1:] = a[1:] != a[:-1]
+    first[order[head]] = True
+    return running, float(head.sum()), first
+
+
+def ttft_offsets_ms(tail: LatencyTail, running: float, adapters: float,
+                    first: np.ndarray) -> np.ndarray:
+    """Client-side TTFT added to each request (ms): the per-request latency, plus the cold
+    start on each adapter's first request."""
+    base = tail.ttft_base_ms + tail.ttft_per_running_ms * running \
+        + tail.ttft_per_adapter_ms * adapters
+    return base + tail.cold_start_ms * first.astype(np.float64)
+
+
+def _hist_points(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bin centres (ms, geometric) and weights of the non-empty bins of an ITL histogram."""
+    idx = np.flatnonzero(hist)
+    g = K.ITL_HIST_LO_MS * 10 ** ((idx + 0.5) / K.ITL_HIST_BINS * K.ITL_HIST_DECADES)
+    w = hist[idx].astype(np.float64)
+    return g, w / w.sum()
+
+
+def observed_gap_survival(x: float, g: np.ndarray, w: np.ndarray, p: float,
+                          mu: float) -> float:
+    """P(observed gap > x) for engine gaps ``g`` (weights ``w``), delivery delays that are 0
+    with probability 1 - p and exponential of mean ``mu`` otherwise (module docstring)."""
+    base = float(w[g > x].sum())
+    if p <= 0 or mu <= 0:
+        return base
+    y = (x - g) / mu                     # how far above each engine gap x lies, in delay means
+    plus = np.where(y < 0, 1.0, np.exp(-np.maximum(y, 0.0)))             # P(g + D > x)
+    minus = np.where(y < 0, 1.0 - np.exp(np.minimum(y, 0.0)), 0.0)        # P(g - D' > x)
+    lap = np.where(y < 0, 1.0 - 0.5 * np.exp(np.minimum(y, 0.0)),
+                   0.5 * np.exp(-np.maximum(y, 0.0)))                     # P(g + D - D' > x)
+    q = 1.0 - p
+    return float(q * q * base + p * q * (w @ plus) + p * q * (w @ minus) + p * p * (w @ lap))
+
+
+def observed_gap_quantile(hist: np.ndarray, q: float, p: float, mu: float) -> float:
+    """The ``q`` quantile (ms) of the observed inter-token gaps (bisection on the survival
+    function in log space; 1e-4 relative)."""
+    if hist.sum() == 0:
+        return float("nan")
+    g, w = _hist_points(hist)
+    target = 1.0 - q
+    lo, hi = 1e-3, max(float(g.max()), 1.0) + 50.0 * max(mu, 0.0) + 1.0
+    if observed_gap_survival(lo, g, w, p, mu) <= target:
+        return lo
+    for _ in range(60):
+        mid = np.sqrt(lo * hi)
+        if observed_gap_survival(mid, g, w, p, mu) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-4:
+            break
+    return float(np.sqrt(lo * hi))
+
+
+def itl_quantiles_ms(tail: LatencyTail, hist: np.ndarray, running: float, adapters: float,
+                     qs=(0.5, 0.99)) -> tuple[float, ...]:
+    """Quantiles of the gaps the client sees, from the engine's ITL histogram."""
+    mu = tail.delay_mean_ms(running, adapters)
+    return tuple(observed_gap_quantile(hist, q, tail.itl_delay_prob, mu) for q in qs)
+
+
+# ---------------------------------------------------------------------------------------------
+# fitting on the max-search runs (never on the validation runs)
+
+MAXSEARCH_CSV = Path("validation_llama") / "maxsearch_llama.csv"
+FIT_PROFILE = "llama-3.1-8b-instruct"
+
+
+@dataclass
+class ReplaySample:
+    """One real max-search run and the twin's replay of it, reduced to what the fit needs."""
+
+    run_id: str
+    starved: bool                   # the real run's 90 % verdict (starved_90)
+    ttft_ms: np.ndarray             # the twin's engine TTFT of each completed request
+    first: np.ndarray               # ... whether it is its adapter's first arrival
+    running: float                  # the twin's mean running requests
+    adapters: float                 # adapters with arrivals
+    itl_hist: np.ndarray            # the twin's engine ITL histogram
+    real: dict                      # mean_ttft_ms, median_ttft_ms, p99_ttft_ms, p99_itl_ms
+
+
+def _replay_one(args: tuple) -> ReplaySample | None:
+    from .profile import load_profile
+    from .server import run_kernel
+    from .slot_fit import shared_run_setup
+    from .workload import generate_requests
+
+    profile_name, cfg, real = args
+    profile = load_profile(profile_name)
+    adapters, lengths, sc = shared_run_setup(cfg, 0)
+    dur = float(cfg["total_time_s"])
+    reqs = generate_requests(adapters, dur, lengths, seed=0)
+    run = run_kernel(profile, adapters, reqs, sc, dur)
+    if run is None:
+        return None
+    running, n_adapters, first = run_features(reqs.arrival_s, reqs.adapter, run.stats, dur)
+    done = (run.finish_t >= 0) & (run.finish_t <= dur)
+    return ReplaySample(str(cfg.get("run_id", "")), bool(real.pop("starved")),
+                        (run.first_t[done] - reqs.arrival_s[done]) * 1000.0, first[done],
+                        running, n_adapters, run.itl_hist.copy(), real)
+
+
+def replay_maxsearch(data_dir: str | Path, profile_name: str = FIT_PROFILE,
+                     progress: bool = True) -> list[ReplaySample]:
+    """Replay every ok max-search run (``<data_dir>/validation_llama/maxsearch_llama.csv``)
+    in the twin from its configuration columns, seed 0, one process (a few minutes)."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    from .slot_fit import counts_agree
+
+    path = Path(data_dir) / MAXSEARCH_CSV
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the max-search runs are needed for the fit")
+    df = pd.read_csv(path)
+    ok = df[(df["status"] == "ok") & df["p99_itl_ms"].notna() & df["p99_ttft_ms"].notna()]
+    ok = ok[[counts_agree(a, b) for a, b in zip(ok["adapter_rank_counts"], ok["rate_counts"])]]
+    cols = ["run_id", "model", "max_loras", "served_adapters", "max_lora_rank",
+            "adapter_rank_counts", "rate_counts", "total_time_s", "pool_mean_input_len",
+            "pool_mean_output_len", "max_num_batched_tokens", "max_num_seqs"]
+    jobs = []
+    for _, r in ok.iterrows():
+        real = {k: float(r[k]) for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                                         "p99_itl_ms")}
+        real["starved"] = str(r["starved_90"]).lower() == "true"
+        jobs.append((profile_name, r[cols].to_dict(), real))
+    out = [_replay_one(j) for j in tqdm(jobs, desc="replaying max-search runs",
+                                        disable=not progress)]
+    return [s for s in out if s is not None]
+
+
+def _smape(y: np.ndarray, p: np.ndarray) -> float:
+    return float(100.0 * np.mean(np.abs(y - p) / (np.abs(y) + np.abs(p))))
+
+
+def _ttft_stats(s: ReplaySample, base: float, cold: float) -> tuple[float, float, float]:
+    t = s.ttft_ms + base
+    if cold:
+        t = t + cold * s.first
+    return float(t.mean()), *(float(v) for v in np.percentile(t, [50, 99]))
+
+
+def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
+    """Least SMAPE fit (Nelder-Mead, deterministic starts): the TTFT terms on the mean, median
+    and p99 TTFT of the runs the real server did not starve, the delivery delays on the p99 ITL
+    of every run. Returns the constants and a report of the SMAPE before / after."""
+    from scipy.optimize import minimize
+
+    unst = [s for s in samples if not s.starved]
+    y_t = np.array([[s.real["mean_ttft_ms"], s.real["median_ttft_ms"], s.real["p99_ttft_ms"]]
+                    for s in unst])
+
+    def ttft_pred(x) -> np.ndarray:
+        a0, ar, an, c = x
+        return np.array([_ttft_stats(s, a0 + ar * s.running + an * s.adapters, c)
+                         for s in unst])
+
+    def ttft_obj(x) -> float:
+        if min(x) < 0:
+            return 1e9
+        p = ttft_pred(x)
+        return sum(_smape(y_t[:, k], p[:, k]) for k in range(3))
+
+    r1 = minimize(ttft_obj, [5.0, 0.1, 0.02, 300.0], method="Nelder-Mead",
+                  options={"maxiter": 400, "xatol": 1e-3, "fatol": 1e-4})
+    y_i = np.array([s.real["p99_itl_ms"] for s in samples])
+
+    def itl_pred(x) -> np.ndarray:
+        p, mu0, r0, b = x
+        return np.array([observed_gap_quantile(
+            s.itl_hist, 0.99, p, mu0 * s.running / (s.running + r0) * (s.adapters / N_REF) ** b)
+            for s in samples])
+
+    def itl_obj(x) -> float:
+        if not (0.0 < x[0] <= 1.0 and x[1] > 0 and x[2] > 0):
+            return 1e9
+        return _smape(y_i, itl_pred(x))
+
+    r2 = minimize(itl_obj, [0.03, 80.0, 10.0, 1.0], method="Nelder-Mead",
+                  options={"maxiter": 400, "xatol": 1e-3, "fatol": 1e-3})
+    a0, ar, an, c = (float(v) for v in r1.x)
+    p, mu0, r0, b = (float(v) for v in r2.x)
+    tail = LatencyTail(ttft_base_ms=a0, ttft_per_running_ms=ar, ttft_per_adapter_ms=an,
+                       cold_start_ms=c, itl_delay_prob=p, itl_delay_ms=mu0,
+                       itl_delay_half_running=r0, itl_delay_adapter_exp=b)
+    t0, t1 = ttft_pred([0, 0, 0, 0]), ttft_pred(r1.x)
+    i0, i1 = itl_pred([0, 0, 1, 0]), itl_pred(r2.x)
+    report = {"runs": len(samples), "unstarved_runs": len(unst)}
+    for k, name in enumerate(("mean_ttft", "median_ttft", "p99_ttft")):
+        report[f"{name}_smape_unstarved"] = [_smape(y_t[:, k], t0[:, k]),
+                                             _smape(y_t[:, k], t1[:, k])]
+    report["p99_itl_smape"] = [_smape(y_i, i0), _smape(y_i, i1)]
+    return tail, report
+
+
+def write_constants(tail: LatencyTail, profile_name: str, report: dict, data_dir: str | Path,
+                    path: Path = CONSTANTS_FILE) -> None:
+    """Put ``tail`` under ``profile_name`` in the constants file (other profiles kept)."""
+    global _loaded
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc.setdefault("about", "twin.latency_tail constants per profile, fitted on the shared "
+                   "max-search runs; refit: python -m twin.latency_tail --fit <data dir>")
+    doc.setdefault("profiles", {})[profile_name] = {
+        "constants": tail.to_dict(),
+        "fit": {"data": f"{Path(data_dir).name}/{MAXSEARCH_CSV.as_posix()}",
+                **{k: ([round(x, 3) for x in v] if isinstance(v, list) else v)
+                   for k, v in report.items()}},
+    }
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    _loaded = None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m twin.latency_tail",
+                                description="Fit the client-side latency model (TTFT offsets, "
+                                "cold starts, token delivery delays) on the shared max-search "
+                                "runs and write its constants beside the profiles.")
+    p.add_argument("--fit", required=True, metavar="DATA_DIR",
+                   help="the shared data folder (…/vllm_h100)")
+    p.add_argument("--profile", default=FIT_PROFILE,
+                   help=f"the profile the runs are replayed on and the constants are for "
+                        f"({FIT_PROFILE})")
+    p.add_argument("--out", default=str(CONSTANTS_FILE), help="constants file (%(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print, do not write")
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        samples = replay_maxsearch(a.fit, a.profile, progress=not a.quiet)
+    except FileNotFoundError as e:
+        print(f"error: --fit: {e}", file=sys.stderr)
+        return 2
+    tail, report = fit_latency_tail(samples)
+    print(json.dumps({"constants": tail.to_dict(), "fit": report}, indent=2))
+    if not a.dry_run:
+        write_constants(tail, a.profile, report, a.fit, Path(a.out))
+        print(f"wrote {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
