@@ -31,7 +31,10 @@ from experiments.common import mape, require_file, smape
 from twin.lengths import sharegpt_lengths
 from twin.maxpack import maxpack_search
 from twin.profile import load_profile
-from twin.server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, simulate_server
+from twin.latency_tail import latency_tail_for
+from twin.metrics import compute_metrics, memory_error_metrics
+from twin.server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, run_kernel, simulate_server
+from twin.workload import generate_requests, offered_token_rate
 from twin.slot_fit import counts_agree, shared_run_setup
 
 # The shared runs' load generator kept at most ~25.5k requests waiting (a twin option, see
@@ -55,14 +58,34 @@ CONFIG_COLUMNS = ["model", "max_loras", "served_adapters", "max_lora_rank", "ada
                   "max_num_batched_tokens", "max_num_seqs"]
 
 
-def replay_run(cfg: dict, seed: int = 0, io_correlation: float | None = None) -> dict:
+def replay_run(cfg: dict, seed: int = 0, io_correlation: float | None = None,
+               client_latency: bool = True) -> dict:
     """Simulate one real run from its configuration columns; returns the twin's metrics.
-    ``io_correlation`` overrides the ShareGPT model's prompt/answer length correlation."""
+    ``io_correlation`` overrides the ShareGPT model's prompt/answer length correlation. With
+    ``client_latency`` (default) the TTFT / ITL quantities are what vLLM's benchmark client
+    sees, by ``twin.latency_tail`` when the profile has fitted constants (throughput, mean ITL
+    and TPOT are the engine's either way); without, the engine's."""
     profile = load_profile(cfg["model"])
     adapters, lengths, sc = shared_run_setup(cfg, seed, io_correlation)
-    m = simulate_server(profile, adapters, sc, float(cfg["total_time_s"]), lengths=lengths,
-                        seed=seed)
-    return m.to_dict()
+    duration = float(cfg["total_time_s"])
+    tail = latency_tail_for(profile) if client_latency else None
+    if tail is None:
+        return simulate_server(profile, adapters, sc, duration, lengths=lengths,
+                               seed=seed).to_dict()
+    # the client's latencies (twin.latency_tail): the engine's run, then compute_metrics with
+    # the profile's fitted API-server / cold-start / delivery-delay constants
+    reqs = generate_requests(adapters, duration, lengths, seed=seed)
+    run = run_kernel(profile, adapters, reqs, sc, duration)
+    if run is None:
+        return memory_error_metrics(duration, offered_token_rate(adapters, lengths)).to_dict()
+    m = compute_metrics(reqs.arrival_s, reqs.input_len, reqs.output_len, run.first_t,
+                        run.finish_t, run.stats, run.itl_hist, duration,
+                        offered_token_rate(adapters, lengths), run.kv_blocks,
+                        profile.block_size, sc.starvation_threshold, adapter=reqs.adapter,
+                        latency_tail=tail)
+    d = m.to_dict()
+    d["wall_s"] = run.wall_s
+    return d
 
 
 def _consistent_counts(runs: pd.DataFrame, path: Path) -> pd.Series:
@@ -81,7 +104,8 @@ def _consistent_counts(runs: pd.DataFrame, path: Path) -> pd.Series:
 
 
 def run_validation(path: Path, workers: int, seed: int, io_correlation: float | None = None,
-                   row_filter=None, progress: bool = True) -> pd.DataFrame:
+                   row_filter=None, progress: bool = True,
+                   client_latency: bool = True) -> pd.DataFrame:
     """Replay every ok run (``row_filter(df) -> mask`` selects a subset) and tabulate."""
     df = pd.read_csv(path)
     missing = [c for c in CONFIG_COLUMNS if c not in df.columns]
@@ -95,7 +119,8 @@ def run_validation(path: Path, workers: int, seed: int, io_correlation: float | 
     cfgs = ok[CONFIG_COLUMNS].to_dict("records")
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = list(tqdm(pool.map(replay_run, cfgs, [seed] * len(cfgs),
-                                     [io_correlation] * len(cfgs)),
+                                     [io_correlation] * len(cfgs),
+                                     [client_latency] * len(cfgs)),
                             total=len(cfgs), desc="replaying runs", disable=not progress))
     out = ok[["run_id" if "run_id" in ok else "max_loras", "max_loras", "served_adapters",
               "max_lora_rank", "rate_counts"]].copy()
@@ -176,6 +201,39 @@ def error_summary(df: pd.DataFrame) -> dict:
     for r, g in df.groupby("max_lora_rank"):
         res[f"max_lora_rank={int(r)}"] = scores(g)
     return res
+
+
+def group_summary(df: pd.DataFrame) -> dict:
+    """``error_summary``'s scores for the runs the real server starved / did not starve
+    (``real_starved``) and per (max_lora_rank, max_loras) group."""
+    res = {}
+    if "real_starved" in df:
+        for flag, name in ((False, "unstarved"), (True, "starved")):
+            g = df[df["real_starved"] == flag]
+            if len(g):
+                res[name] = error_summary(g)["all"]
+    for (r, a), g in df.groupby(["max_lora_rank", "max_loras"]):
+        res[f"rank={int(r)} slots={int(a)}"] = error_summary(g)["all"]
+    return res
+
+
+def format_groups(groups: dict) -> str:
+    """SMAPE of the latency metrics per group, with the mean signed error of p99 ITL and mean
+    TTFT (twin vs real, %) when the rows carry it."""
+    keys = ("tps", "itl_ms", "p99_itl_ms", "ttft_ms", "median_ttft_ms", "p99_ttft_ms")
+    head = f"{'group':22s} {'runs':>4s} " + " ".join(f"{k:>14s}" for k in keys)
+    lines = ["SMAPE % per group (real starved / unstarved; max_lora_rank x max_loras)", head]
+    for g, sc in groups.items():
+        lines.append(f"{g:22s} {sc['runs']:4d} " + " ".join(f"{sc[k]['smape']:14.2f}"
+                                                             for k in keys))
+    return "\n".join(lines)
+
+
+def signed_bias(df: pd.DataFrame, key: str) -> float:
+    """Mean signed error (twin vs real, %) of ``key`` over the runs where both are finite."""
+    y, p = df[f"real_{key}"].to_numpy(float), df[f"twin_{key}"].to_numpy(float)
+    ok = np.isfinite(y) & np.isfinite(p) & (y != 0)
+    return float(100.0 * np.mean((p[ok] - y[ok]) / y[ok])) if ok.any() else float("nan")
 
 
 def format_summary(summary: dict) -> str:
@@ -279,11 +337,14 @@ def main(argv=None) -> int:
     p.add_argument("--csv", default=None, help="write the per-run table here")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-latency", action="store_true",
+                   help="--runs: compare the engine's TTFT / ITL (no twin.latency_tail model)")
     a = p.parse_args(argv)
     pd.set_option("display.width", 200)
     pd.set_option("display.max_rows", 500)
     if a.runs:
-        df = run_validation(require_file(a.runs, "--runs"), a.workers, a.seed)
+        df = run_validation(require_file(a.runs, "--runs"), a.workers, a.seed,
+                            client_latency=not a.engine_latency)
         show = ["max_loras", "served_adapters", "max_lora_rank"] + [
             c for k, _, _, _ in COMPARED for c in (f"real_{k}", f"twin_{k}")]
         print(df[show].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
@@ -295,7 +356,16 @@ def main(argv=None) -> int:
         for key in ("tps", "itl_ms", "ttft_ms"):
             print(f"\nworst runs by {key} (err_pct = twin vs real, %):")
             print(worst_runs(df, key).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-        extra = {}
+        groups = group_summary(df)
+        print()
+        print(format_groups(groups))
+        if "real_starved" in df:
+            for flag, name in ((False, "unstarved"), (True, "starved")):
+                g = df[df["real_starved"] == flag]
+                print(f"{name}: mean signed error p99 ITL {signed_bias(g, 'p99_itl_ms'):+.1f} %, "
+                      f"mean TTFT {signed_bias(g, 'ttft_ms'):+.1f} %, "
+                      f"p99 TTFT {signed_bias(g, 'p99_ttft_ms'):+.1f} %")
+        extra = {"groups": groups}
         if "real_starved" in df:
             extra["starvation_agreement"] = float((df["real_starved"] == df["twin_starved"]).mean())
             print(f"\nstarvation agreement: {extra['starvation_agreement']:.3f}")
@@ -308,9 +378,11 @@ def main(argv=None) -> int:
         if a.csv:
             df.to_csv(a.csv, index=False)
         al = summary["all"]
+        unst = groups.get("unstarved", {}).get("ttft_ms", {}).get("smape", float("nan"))
         print(f"throughput_smape={al['tps']['smape']:.3f} itl_smape={al['itl_ms']['smape']:.3f} "
               f"ttft_smape={al['ttft_ms']['smape']:.3f} "
-              f"p99_itl_smape={al['p99_itl_ms']['smape']:.3f} runs={len(df)}")
+              f"p99_itl_smape={al['p99_itl_ms']['smape']:.3f} runs={len(df)} "
+              f"ttft_p99_smape={al['p99_ttft_ms']['smape']:.3f} unstarved_ttft_smape={unst:.3f}")
     else:
         df = run_maxsearch(require_file(a.maxsearch, "--maxsearch"), a.workers, a.seed)
         print(df.to_string(index=False, float_format=lambda v: f"{v:.1f}"))

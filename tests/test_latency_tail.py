@@ -1,0 +1,172 @@
+"""The client-side latency model (twin.latency_tail): its constants come from the fit on the
+shared max-search runs, a profile without constants reports the engine's latencies unchanged,
+and the model never moves throughput, mean ITL, TPOT or step counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twin import kernel as K
+from twin import latency_tail as LT
+from twin.lengths import default_lengths
+from twin.metrics import _hist_quantile, compute_metrics
+from twin.profile import load_profile
+from twin.server import ServerConfig, run_kernel, simulate_server
+from twin.workload import Adapter, generate_requests
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm_h100"
+LLAMA = "llama-3.1-8b-instruct"
+# quantities the model may change; every other RunMetrics field must stay as the engine's
+LATENCY_FIELDS = {"p50_itl_ms", "p99_itl_ms", "mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms",
+                  "ttft_paper_ms", "wall_s", "slo"}
+
+
+def _run(profile_name: str = LLAMA, n_adapters: int = 24, amax: int = 8, rate: float = 0.4,
+         duration: float = 300.0, seed: int = 3):
+    prof = load_profile(profile_name)
+    ads = [Adapter(f"a{i}", (8, 16)[i % 2], rate) for i in range(n_adapters)]
+    reqs = generate_requests(ads, duration, default_lengths(), seed=seed)
+    sc = ServerConfig(max_loras=amax)
+    run = run_kernel(prof, ads, reqs, sc, duration)
+    return prof, ads, reqs, sc, run, duration
+
+
+def _metrics(prof, reqs, run, duration, **kw):
+    return compute_metrics(reqs.arrival_s, reqs.input_len, reqs.output_len, run.first_t,
+                           run.finish_t, run.stats, run.itl_hist, duration, 1000.0,
+                           run.kv_blocks, prof.block_size, **kw)
+
+
+def _tail(**over) -> LT.LatencyTail:
+    base = dict(ttft_base_ms=5.0, ttft_per_running_ms=0.2, ttft_per_adapter_ms=0.05,
+                cold_start_ms=300.0, itl_delay_prob=0.05, itl_delay_ms=100.0,
+                itl_delay_half_running=20.0, itl_delay_adapter_exp=0.7)
+    base.update(over)
+    return LT.LatencyTail(**base)
+
+
+@pytest.mark.skipif(not (SHARED / LT.MAXSEARCH_CSV).exists(),
+                    reason=f"the shared max-search runs are absent ({SHARED / LT.MAXSEARCH_CSV}):"
+                           " the committed constants cannot be refitted here")
+def test_committed_constants_are_the_fit_on_the_max_search_runs():
+    """Refit from the shared runs (replays every max-search run, a few minutes) and compare
+    with twin/profiles/latency_tail.json."""
+    committed = LT.latency_tail_for(LLAMA)
+    assert committed is not None, "no constants committed for the Llama profile"
+    samples = LT.replay_maxsearch(SHARED, LLAMA, progress=False)
+    assert len(samples) > 300
+    tail, report = LT.fit_latency_tail(samples)
+    for f in dataclasses.fields(LT.LatencyTail):
+        assert getattr(tail, f.name) == pytest.approx(getattr(committed, f.name), rel=1e-3,
+                                                      abs=1e-6), f.name
+    # the fit improves what it fits
+    assert report["p99_itl_smape"][1] < report["p99_itl_smape"][0]
+    assert report["mean_ttft_smape_unstarved"][1] < report["mean_ttft_smape_unstarved"][0]
+
+
+def test_without_constants_the_metrics_are_the_plain_ones():
+    prof, ads, reqs, sc, run, dur = _run()
+    plain = _metrics(prof, reqs, run, dur)
+    none = _metrics(prof, reqs, run, dur, adapter=reqs.adapter, latency_tail=None)
+    assert plain.to_dict() == none.to_dict()
+    assert plain.p99_itl_ms == _hist_quantile(run.itl_hist, 0.99)
+    # a profile with no fitted constants (the Qwen one: only Llama runs were measured end to
+    # end) simulates exactly as the plain computation
+    assert LT.latency_tail_for("qwen-2.5-7b-instruct") is None
+    assert LT.latency_tail_for("no-such-profile") is None
+    q = load_profile("qwen-2.5-7b-instruct")
+    ads = [Adapter(f"q{i}", 16, 0.3) for i in range(12)]
+    m = simulate_server(q, ads, ServerConfig(max_loras=4), 300.0, seed=1)
+    reqs = generate_requests(ads, 300.0, default_lengths(), seed=1)
+    run = run_kernel(q, ads, reqs, ServerConfig(max_loras=4), 300.0)
+    ref = compute_metrics(reqs.arrival_s, reqs.input_len, reqs.output_len, run.first_t,
+                          run.finish_t, run.stats, run.itl_hist, 300.0, m.offered_tps,
+                          run.kv_blocks, q.block_size)
+    a, b = m.to_dict(), ref.to_dict()
+    for k in a:
+        if k in ("wall_s", "gpu_busy_frac", "avg_power_w", "energy_j", "joules_per_token",
+                 "joules_per_output_token"):
+            continue
+        assert a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]), k
+
+
+@pytest.mark.parametrize("tail", [_tail(), _tail(itl_delay_prob=1.0, itl_delay_ms=400.0),
+                                  "committed"])
+def test_the_adjustment_never_changes_throughput_or_mean_itl(tail):
+    """Every field but the TTFT / ITL quantiles stays the engine's: throughput, offered load,
+    mean ITL and step count (what optim.capacity.twin_fingerprint hashes), TPOT, starvation."""
+    if tail == "committed":
+        tail = LT.latency_tail_for(LLAMA) or _tail()
+    prof, ads, reqs, sc, run, dur = _run()
+    plain = _metrics(prof, reqs, run, dur).to_dict()
+    adj = _metrics(prof, reqs, run, dur, adapter=reqs.adapter, latency_tail=tail).to_dict()
+    for k, v in plain.items():
+        if k not in LATENCY_FIELDS:
+            assert adj[k] == v or (v != v and adj[k] != adj[k]), k
+    assert adj["mean_ttft_ms"] > plain["mean_ttft_ms"]
+    assert adj["p99_itl_ms"] >= plain["p99_itl_ms"] * 0.99
+    assert adj["p99_ttft_ms"] >= plain["p99_ttft_ms"]
+
+
+def test_the_fidelity_replay_applies_the_committed_constants_only_to_latencies():
+    """experiments.twin_fidelity replays with the client's latencies; simulate_server itself
+    still reports the engine's (the model is opt-in through compute_metrics)."""
+    from experiments.twin_fidelity import replay_run
+    tail = LT.latency_tail_for(LLAMA)
+    if tail is None:
+        pytest.skip("no constants committed for the Llama profile")
+    cfg = {"model": LLAMA, "max_loras": 8, "served_adapters": 16, "max_lora_rank": 16,
+           "adapter_rank_counts": "8:8 16:8", "rate_counts": "0.5:16", "total_time_s": 300,
+           "pool_mean_input_len": 223.0, "pool_mean_output_len": 196.0,
+           "max_num_batched_tokens": 2048, "max_num_seqs": 2048}
+    client = replay_run(cfg)
+    engine = replay_run(cfg, client_latency=False)
+    for k in ("throughput_tps", "steps", "mean_itl_ms", "mean_tpot_ms", "p99_tpot_ms",
+              "starved", "finished_requests", "preemptions", "adapter_loads"):
+        assert client[k] == engine[k], k
+    assert client["mean_ttft_ms"] > engine["mean_ttft_ms"]
+    assert client["p99_itl_ms"] > engine["p99_itl_ms"]
+
+
+def test_first_arrival_of_each_adapter():
+    arrival = np.array([0.5, 0.1, 0.3, 0.2, 9.0, 0.05])
+    adapter = np.array([0, 1, 0, 1, 2, 3])
+    stats = np.zeros(K.N_STATS)
+    stats[K.ST_RUNNING_S] = 20.0
+    running, n, first = LT.run_features(arrival, adapter, stats, 5.0)
+    assert running == 4.0 and n == 3.0           # adapter 2 arrives after the window
+    assert first.tolist() == [False, True, True, False, False, True]
+    assert LT.run_features(arrival, None, stats, 5.0)[1] == 0.0
+
+
+def test_observed_gap_quantiles_match_a_simulation_of_the_delays():
+    rng = np.random.default_rng(0)
+    gaps = rng.lognormal(np.log(30.0), 0.3, 200_000)
+    hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+    np.add.at(hist, [K.itl_bin(float(g)) for g in gaps], 1)
+    p, mu = 0.08, 150.0
+    j = np.where(rng.random(len(gaps) + 1) < p, rng.exponential(mu, len(gaps) + 1), 0.0)
+    seen = np.maximum(gaps + j[1:] - j[:-1], 0.0)
+    for q in (0.5, 0.99):
+        assert LT.observed_gap_quantile(hist, q, p, mu) == pytest.approx(
+            np.quantile(seen, q), rel=0.03)
+    # delays off: the engine's quantiles (within the histogram's bin width)
+    assert LT.observed_gap_quantile(hist, 0.99, 0.0, 0.0) == pytest.approx(
+        _hist_quantile(hist, 0.99), rel=0.013)
+    # longer delays, longer tail
+    assert LT.observed_gap_quantile(hist, 0.99, p, 2 * mu) > LT.observed_gap_quantile(
+        hist, 0.99, p, mu)
+
+
+def test_bad_constants_are_refused():
+    with pytest.raises(ValueError, match="itl_delay_prob"):
+        _tail(itl_delay_prob=1.5)
+    with pytest.raises(ValueError, match="cold_start_ms"):
+        _tail(cold_start_ms=-1.0)
+    with pytest.raises(ValueError, match="missing"):
+        LT.LatencyTail.from_dict({"ttft_base_ms": 1.0})
+    assert LT.LatencyTail.from_dict(_tail().to_dict()) == _tail()
