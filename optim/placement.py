@@ -226,6 +226,9 @@ class Placement:
                 f"{'pred_tps':>9} {'twin_tps':>9} {'pred':>6} {'twin':>7}")
         bounds = list(self.params.get("slo_bounds") or ())
         head += "".join(f" {_slo_head(b):>13}" for b in bounds)
+        per_request = any(b in ("ttft_p99_ms", "e2e_p99_ms") for b in bounds)
+        if per_request:
+            head += f" {'worst adapter':>13}"
         lines = [head, "-" * len(head)]
         for i, g in enumerate(self.gpus):
             p, v = g.predicted, g.verified
@@ -236,7 +239,8 @@ class Placement:
                 f"{(f'{p.throughput_tps:.0f}' if p else '-'):>9} "
                 f"{(f'{v.throughput_tps:.0f}' if v else '-'):>9} "
                 f"{_flag(p):>6} {_flag(v):>7}"
-                + "".join(f" {_ms(obs.get(b)):>13}" for b in bounds))
+                + "".join(f" {_ms(obs.get(b)):>13}" for b in bounds)
+                + (f" {_worst_adapter(v):>13}" if per_request else ""))
             if max_ids:
                 ids = [a.id + ("" if s >= 1 - 1e-9 else f"({s:.2f})") for a, s in g.adapters]
                 lines.append("       " + " ".join(ids[:max_ids])
@@ -330,6 +334,12 @@ def _serve_line(sm, args: list[str]) -> str:
 def _slo_head(bound: str) -> str:
     """Column head of an SLO bound in the table: ``ttft_p99_ms`` -> ``twin ttft_p99``."""
     return "twin " + bound[:-3]
+
+
+def _worst_adapter(m: GpuMetrics | None) -> str:
+    """The lowest share of one adapter's requests within the SLO's per-request bounds."""
+    vals = [x for x in ((m.slo or {}).get("adapter_attainment") or []) if x == x] if m else []
+    return f"{100 * min(vals):.1f}% ok" if vals else "-"
 
 
 def _ms(x: Any) -> str:

@@ -246,3 +246,19 @@ def test_no_sampled_gpu_meets_the_slo_above_the_slo_cap(n, amax, rank, seed, ove
     m = simulate_server(load_profile(PROFILE), ads, ServerConfig(max_loras=amax, slo=SLO_CAP),
                         CAP_DUR, lengths=default_lengths(), seed=seed)
     assert not m.accepted
+
+
+def test_verify_reports_attainment_per_adapter():
+    """Each GPU's SLO record lists, per adapter (the GPU's order), its judged requests and the
+    share within every per-request bound; together they make the GPU's attainment."""
+    rates, ranks = (0.6,) * 8, (8, 8, 16, 8, 8, 16, 8, 8)
+    inst = _tiny(rates, ranks, Slo(ttft_p99_ms=60.0, warmup_s=30.0), duration=300.0, count=6)
+    one = solve(_tiny(rates, ranks, None, duration=300.0, count=6), "greedy", verify=True,
+                workers=1)
+    judged = verify(Placement(inst.name, "given", "solved", one.gpus), inst)
+    s = judged.gpus[0].verified.slo
+    n, ok = np.array(s["adapter_judged"]), np.array(s["adapter_attainment"])
+    assert len(n) == judged.gpus[0].n_adapters and n.sum() == s["judged_requests"]
+    assert np.nansum(n * ok) / n.sum() == pytest.approx(s["attainment"])
+    assert 0.0 < s["attainment"] < 1.0           # a bound that some requests miss
+    assert "% ok" in judged.table()

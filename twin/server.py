@@ -211,7 +211,7 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
     m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, run.first_t,
                         run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
                         run.kv_blocks, profile.block_size, config.starvation_threshold,
-                        config.slo)
+                        config.slo, adapter=requests.adapter, adapter_count=len(adapters))
     m = _power_of_run(m, profile, config, run, requests, duration_s)
     return _with_wall(m, run.wall_s)
 

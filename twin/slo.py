@@ -141,6 +141,10 @@ class SloResult:
     goodput_rps: float = float("nan")
     score: float = float("inf")
     attainment: float = float("nan")    # share of judged requests within every per-request bound
+    # per adapter (the run's adapter order): judged requests and the share within every
+    # per-request bound (NaN: none judged); empty when the run's adapters were not given
+    adapter_judged: tuple[int, ...] = ()
+    adapter_attainment: tuple[float, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -153,7 +157,8 @@ class SloResult:
         return {"ok": self.ok, "observed": dict(self.observed), "met": dict(self.met),
                 "within": dict(self.within), "judged_requests": self.judged_requests,
                 "goodput_rps": self.goodput_rps, "score": self.score,
-                "attainment": self.attainment}
+                "attainment": self.attainment, "adapter_judged": list(self.adapter_judged),
+                "adapter_attainment": list(self.adapter_attainment)}
 
 
 def _quantile_with_unserved(values_ms: np.ndarray, n_unserved: int, q: float) -> float:
@@ -177,8 +182,10 @@ def hist_quantile_upper(hist: np.ndarray, q: float) -> float:
 
 
 def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: np.ndarray,
-                 itl_hist: np.ndarray, duration_s: float) -> SloResult:
-    """Judge one run (the kernel's per-request first-token and finish times, -1 when none)."""
+                 itl_hist: np.ndarray, duration_s: float, adapter: np.ndarray | None = None,
+                 n_adapters: int | None = None) -> SloResult:
+    """Judge one run (the kernel's per-request first-token and finish times, -1 when none);
+    with ``adapter`` (each request's adapter index, < ``n_adapters``) also per adapter."""
     judged = (arrival >= slo.warmup_s) & (arrival < duration_s)
     n = int(judged.sum())
     a = arrival[judged]
@@ -217,10 +224,19 @@ def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: n
               else within.get(k, 0.0) / slo.attainment
               for k, v in observed.items() if not math.isnan(v)]
     span = duration_s - slo.warmup_s
+    per_n: tuple[int, ...] = ()
+    per_ok: tuple[float, ...] = ()
+    if adapter is not None:
+        k = int(n_adapters if n_adapters is not None else (adapter.max() + 1 if len(adapter) else 0))
+        idx = np.asarray(adapter)[judged].astype(np.int64)
+        cnt = np.bincount(idx, minlength=k)
+        good_cnt = np.bincount(idx, weights=ok_req.astype(float), minlength=k)
+        per_n = tuple(int(c) for c in cnt)
+        per_ok = tuple(float(g / c) if c else float("nan") for g, c in zip(good_cnt, cnt))
     return SloResult(observed, met, within, n,
                      float(ok_req.sum()) / span if span > 0 else float("nan"),
                      float(min(ratios)) if ratios else float("inf"),
-                     float(ok_req.mean()) if n else float("nan"))
+                     float(ok_req.mean()) if n else float("nan"), per_n, per_ok)
 
 
 __all__ = ["SLO_BOUNDS", "Slo", "SloResult", "evaluate_slo", "hist_quantile_upper"]
