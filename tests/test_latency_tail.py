@@ -57,7 +57,7 @@ def test_committed_constants_are_the_fit_on_the_max_search_runs():
     with twin/profiles/latency_tail.json."""
     committed = LT.latency_tail_for(LLAMA)
     assert committed is not None, "no constants committed for the Llama profile"
-    samples = LT.replay_maxsearch(SHARED, LLAMA, progress=False)
+    samples = LT.replay_maxsearch(SHARED, LLAMA, progress=False, workers=2)
     assert len(samples) > 300
     tail, report = LT.fit_latency_tail(samples)
     for f in dataclasses.fields(LT.LatencyTail):
