@@ -239,7 +239,9 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     adapters carries less (``count_cap``): ``by_count``, measured only when the load per GPU at
     the one-adapter bound exceeds ``COUNT_BOUND_FROM`` x the one-adapter cap (the limits of many
     adapters measured on the H100 profiles are >= 0.9 of it, so below that the count-aware cap
-    cannot raise the bound; skipping it is sound, it only forgoes tightness). When both leave one
+    cannot raise the bound; skipping it is sound, it only forgoes tightness; under a latency SLO
+    it is always measured, as is the busiest-GPU check below: there the premise fails, more
+    adapters per batch cost latency long before throughput). When both leave one
     GPU possible for a load above that share, or one GPU would have to swap adapters at every
     Amax (those limits are measured with every adapter resident), ``one_gpu_excluded`` replays
     the one-GPU placement at every Amax. With k >= 2 GPUs left, where the fullest GPU must swap
@@ -269,7 +271,9 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
 
         one = limit_of(1)
         per_gpu = total / _count_bound(total, one)
-        if per_gpu > COUNT_BOUND_FROM * one:
+        # under a latency SLO many adapters can cost far more than one (the shortcut's
+        # premise, many-adapter limits >= 0.9 of the one-adapter one, is about throughput)
+        if per_gpu > COUNT_BOUND_FROM * one or inst.slo is not None:
             cap, pts = count_cap(limit_of, one, lmax, ceiling=total)
         else:                               # the count-aware cap cannot raise the bound
             cap, pts = one, []
@@ -299,8 +303,8 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
         if (_must_swap(inst, math.ceil(len(inst.adapters) / k), r0)
                 and fullest_gpu_excluded(inst, k, dur, workers)):
             fullest = k
-        elif total / k > COUNT_BOUND_FROM * best_one and busiest_gpu_excluded(inst, k, dur,
-                                                                              workers):
+        elif ((total / k > COUNT_BOUND_FROM * best_one or inst.slo is not None)
+              and busiest_gpu_excluded(inst, k, dur, workers)):
             busiest = k
         else:
             break
