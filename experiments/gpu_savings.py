@@ -255,6 +255,37 @@ class RowStore:
             fh.write(json.dumps({"key": key, "row": row}, default=_plain) + "\n")
 
 
+def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_extra: int,
+                pair_checks: int, workers: int | None, store: RowStore | None, head: dict,
+                commit: str) -> list[dict]:
+    """Every method's row at one instance (``gpus_needed``; ``head`` starts each row), with
+    the twin lower bound ``lb`` and ``lb_one``; rows already in ``store`` are taken from it and
+    new ones appended. Where the best count is one above the bound, the exclusion for that
+    count without the bound's load thresholds may certify it (``feasibility.raise_bound_to``)."""
+    keys = {m: point_key(inst, m, duration_s, max_extra, pair_checks) for m in methods}
+    if store is not None and all(store.get(k) is not None for k in keys.values()):
+        return [store.get(keys[m]) for m in methods]
+    bound = twin_lower_bound(inst, duration_s, workers, pair_checks)
+    mine = []
+    for m in methods:
+        hit = store.get(keys[m]) if store is not None else None
+        if hit is not None:
+            mine.append(hit)
+            continue
+        r = gpus_needed(inst, m, duration_s, max_extra, workers)
+        mine.append({**head, "lb": bound.best, "lb_one": bound.one_adapter, "method": m,
+                     "duration_s": duration_s, **r, "commit": commit})
+    counts = [int(r["gpus"]) for r in mine if r.get("gpus") == r.get("gpus")
+              and r.get("gpus") is not None]
+    if counts and min(counts) == bound.best + 1:
+        lb = raise_bound_to(inst, bound.best, min(counts), duration_s, workers)
+        mine = [{**r, "lb": lb} for r in mine]
+    for m, row in zip(methods, mine):
+        if store is not None and store.get(keys[m]) is None:
+            store.put(keys[m], row)
+    return mine
+
+
 def _plain(x):
     """JSON form of numpy scalars (the rows hold some)."""
     import numpy as np
@@ -345,32 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         inst = load_instance(path)
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
-        keys = {m: point_key(inst, m, dur, a.max_extra, a.pair_checks) for m in methods}
-        if store is not None and all(store.get(k) is not None for k in keys.values()):
-            rows += [store.get(keys[m]) for m in methods]
-            continue
-        bound = twin_lower_bound(inst, dur, a.workers, a.pair_checks)
-        mine = []
-        for m in methods:
-            hit = store.get(keys[m]) if store is not None else None
-            if hit is not None:
-                mine.append(hit)
-                continue
-            r = gpus_needed(inst, m, dur, a.max_extra, a.workers)
-            mine.append({"instance": inst.name, **sc, "lb": bound.best,
-                         "lb_one": bound.one_adapter, "method": m, "duration_s": dur, **r,
-                         "commit": commit})
-        # one GPU above the bound: the exclusion for that count, without the bound's load
-        # thresholds, may certify it (feasibility.raise_bound_to)
-        counts = [int(r["gpus"]) for r in mine if r.get("gpus") == r.get("gpus")
-                  and r.get("gpus") is not None]
-        if counts and min(counts) == bound.best + 1:
-            lb = raise_bound_to(inst, bound.best, min(counts), dur, a.workers)
-            mine = [{**r, "lb": lb} for r in mine]
-        for m, row in zip(methods, mine):
-            rows.append(row)
-            if store is not None and store.get(keys[m]) is None:
-                store.put(keys[m], row)
+        rows += solve_point(inst, methods, dur, a.max_extra, a.pair_checks, a.workers, store,
+                            {"instance": inst.name, **sc}, commit)
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -45,13 +45,12 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from optim.feasibility import raise_bound_to, twin_lower_bound
 from optim.instance import load_instance
 from optim.methods import method_names
 from twin.slo import Slo
 
 from .common import REPO, git_commit
-from .gpu_savings import (PAPER_DIR, RowStore, _NAME, gpus_needed, point_key, scenario_of)
+from .gpu_savings import PAPER_DIR, RowStore, _NAME, scenario_of, solve_point
 
 LEVELS: dict[str, Slo | None] = {
     "90pct": None,
@@ -141,30 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = load_instance(path)
         inst = replace(base, slo=LEVELS[level])
         dur = 600.0 if a.quick else inst.duration_s
-        keys = {m: point_key(inst, m, dur, MAX_EXTRA, 0) for m in methods}
-        if store is not None and all(store.get(k) is not None for k in keys.values()):
-            rows += [store.get(keys[m]) for m in methods]
-            continue
-        bound = twin_lower_bound(inst, dur, a.workers)
-        mine = []
-        for m in methods:
-            hit = store.get(keys[m]) if store is not None else None
-            if hit is not None:
-                mine.append(hit)
-                continue
-            r = gpus_needed(inst, m, dur, MAX_EXTRA, a.workers)
-            mine.append({"instance": inst.name, **scenario_of(inst), "level": level,
-                         "slo": inst.slo.describe() if inst.slo else "90 % rule",
-                         "method": m, "duration_s": dur, "lb": bound.best,
-                         "lb_one": bound.one_adapter, **r, "commit": commit})
-        counts = [int(r["gpus"]) for r in mine if r.get("gpus") is not None]
-        if counts and min(counts) == bound.best + 1:
-            lb = raise_bound_to(inst, bound.best, min(counts), dur, a.workers)
-            mine = [{**r, "lb": lb} for r in mine]
-        for m, row in zip(methods, mine):
-            rows.append(row)
-            if store is not None and store.get(keys[m]) is None:
-                store.put(keys[m], row)
+        rows += solve_point(inst, methods, dur, MAX_EXTRA, 0, a.workers, store,
+                            {"instance": inst.name, **scenario_of(inst), "level": level,
+                             "slo": inst.slo.describe() if inst.slo else "90 % rule"}, commit)
     df = pd.DataFrame(rows)
     df["certified"] = df["gpus"].notna() & (df["gpus"] == df["lb"])
     out = Path(a.out_dir)
