@@ -52,13 +52,16 @@ def cmd_deploy(a: argparse.Namespace) -> int:
         check_plan(plan, str(a.plan))
         opts = DeployOptions(adapter_dir=a.adapter_dir, namespace=a.namespace,
                              model_id=a.model_id, layout=Layout(a.base_port, a.gpus_per_host),
-                             allow_rejected=a.allow_rejected, targets=targets)
+                             allow_rejected=a.allow_rejected, targets=targets,
+                             headroom=not a.no_headroom)
         files = write_deployment(plan, a.out, opts, force=a.force)
     except DeployError as e:
         raise CliError(str(e)) from None
     verdict = plan.verdict or "unverified"
     print(f"wrote {len(files)} files to {a.out} for {plan.n_gpus} server(s) of plan "
           f"'{plan.instance}' (twin_verdict={verdict}; targets {', '.join(targets)})")
+    if not a.no_headroom and plan.verdict is not None:       # twin.headroom
+        print(plan.headroom_lines().lstrip("\n"))
     return 0
 
 
@@ -155,6 +158,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    help="port of the first GPU of each host")
     d.add_argument("--gpus-per-host", type=int_at_least(1, 64), default=8,
                    help="GPUs per host (CUDA_VISIBLE_DEVICES and ports repeat per host)")
+    d.add_argument("--no-headroom", action="store_true",
+                   help="record the plain twin verdict only (default: deployment.json also "
+                        "flags GPUs that pass only without the twin's measured headroom, "
+                        "twin.headroom)")
     d.add_argument("--allow-rejected", action="store_true",
                    help="write files for a plan the twin rejected (recorded in every file)")
     d.set_defaults(func=cmd_deploy)

@@ -40,7 +40,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         with twin.fleet.use_backend("local", None, a.workers):   # one pool for every replay
             res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force,
                             a.quiet, DeployOptions(targets=targets,
-                                                   allow_rejected=a.allow_rejected))
+                                                   allow_rejected=a.allow_rejected,
+                                                   headroom=not a.no_headroom))
     except PlanError as e:
         raise CliError(str(e)) from None
     for line in summary_lines(res, out):
@@ -93,6 +94,10 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--target", action="append", default=None, metavar="TARGET[,TARGET...]",
                    help=f"release lines of the deployment files (default: "
                         f"{','.join(DEFAULT_TARGETS)}); {target_help()}")
+    s.add_argument("--no-headroom", action="store_true",
+                   help="deployment files record the plain twin verdict only (default: "
+                        "deployment.json flags GPUs that pass only without the twin's measured "
+                        "headroom, twin.headroom)")
     s.add_argument("--allow-rejected", action="store_true",
                    help="write the deployment files even when the twin rejects the placement "
                         "(they record twin_verdict=rejected)")

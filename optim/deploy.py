@@ -712,10 +712,31 @@ class DeployOptions:
     layout: Layout = Layout()
     allow_rejected: bool = False
     targets: tuple[str, ...] = DEFAULT_TARGETS
+    # twin.headroom: flag in deployment.json the GPUs that pass only without the twin's measured
+    # headroom (``--no-headroom``: False, the plain verdict only)
+    headroom: bool = True
 
 
 def plan_verdict(p: Placement) -> str:
     return p.verdict or "unverified"
+
+
+# --- twin.headroom ------------------------------------------------------------------------------
+def headroom_summary(p: Placement, applied: bool = True) -> dict[str, Any]:
+    """``deployment.json``'s ``twin_headroom``: per verified GPU the headroom of its regime and
+    whether it passes with it (throughput / (1 + h) >= threshold x realised offered);
+    ``at_risk_gpus``: GPUs the plain verdict accepts that fail with the headroom."""
+    rep = p.headroom_report() if applied else None
+    if rep is None:
+        return {"applied": False}
+    gpus = [{"gpu": i, "headroom": hr.h, "regime": hr.regime.describe() if hr.regime else None,
+             "table_level": hr.key, "max_search_runs": hr.runs,
+             "accepted_with_headroom": ok, "text": hr.describe()} for i, ok, hr in rep]
+    return {"applied": True,
+            "rule": "throughput / (1 + headroom) >= starvation threshold x realised offered load",
+            "source": "twin/profiles/headroom.json (python -m twin.headroom --fit)",
+            "at_risk_gpus": [i for i, ok, _ in rep if p.gpus[i].verified.ok and not ok],
+            "gpus": gpus}
 
 
 def check_deployable(p: Placement, allow_rejected: bool) -> None:
@@ -859,6 +880,7 @@ def deployment_files(p: Placement, opts: DeployOptions = DeployOptions()) -> dic
     files["routing.csv"] = routing_csv(table, verdict)
     summary = {"instance": p.instance, "method": p.method, "status": p.status,
                "twin_verdict": verdict, "twin_failed_gpus": failed,
+               "twin_headroom": headroom_summary(p, opts.headroom),
                "vllm_version": measured, "measured_vllm_version": measured,
                "targets": written_by, "namespace": ns, "pool": pool,
                "adapter_dir": opts.adapter_dir,

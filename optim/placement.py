@@ -47,6 +47,9 @@ class GpuMetrics:
     # the GPU judged against the instance's latency SLO (twin.slo.SloResult.to_dict(): observed
     # values, met flags, share of requests within each bound, goodput); None: no SLO
     slo: dict | None = None
+    # --- headroom (twin.headroom): the twin's realised offered load, which the verdict judges
+    # against (None: a prediction, or a plan written before it was recorded -> offered_tps)
+    offered_realised_tps: float | None = None
 
     @classmethod
     def from_run(cls, m: RunMetrics) -> "GpuMetrics":
@@ -54,7 +57,8 @@ class GpuMetrics:
             return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
         return cls(float(m.offered_tps), float(m.throughput_tps), bool(m.starved),
                    bool(m.memory_error), num(m.mean_itl_ms), num(m.mean_ttft_ms),
-                   num(getattr(m, "avg_power_w", None)), getattr(m, "slo", None))
+                   num(getattr(m, "avg_power_w", None)), getattr(m, "slo", None),
+                   num(getattr(m, "offered_realised_tps", None)))
 
     @property
     def slo_met(self) -> bool:
@@ -100,6 +104,21 @@ class GpuPlan:
         must not change the verdict (``feasibility.one_gpu_excluded`` relies on it)."""
         return GpuAssignment(self.profile, self.server_config(starvation_threshold, slo),
                              tuple(sorted(self.adapters, key=lambda p: p[0].id)))
+
+    # --- headroom (twin.headroom) ---------------------------------------------------------
+    def headroom_verdict(self, starvation_threshold: float = 0.9):
+        """(accepted with the twin's measured headroom, the ``twin.headroom.Headroom`` used) of
+        the verified GPU; None when it was not verified. The plain verdict is ``verified.ok``."""
+        from twin.headroom import headroom_for, passes_with_headroom
+        v = self.verified
+        if v is None:
+            return None
+        offered = v.offered_realised_tps if v.offered_realised_tps is not None else v.offered_tps
+        hr = headroom_for(self.profile, self.max_loras, self.n_adapters, v.throughput_tps,
+                          offered)
+        ok = v.ok and (hr.h == 0 or passes_with_headroom(v.throughput_tps, offered, hr.h,
+                                                          starvation_threshold))
+        return ok, hr
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -269,6 +288,7 @@ class Placement:
         if lb is not None:
             parts.append(f"twin_lower_bound={lb}")
         out = " ".join(parts)
+        out += self.headroom_lines()                                     # twin.headroom
         under = f" under SLO {self.params['slo']}" if self.params.get("slo") else ""
         if lb is not None and self.verdict == "accepted" and self.n_gpus == lb \
                 and self.objective == "gpus":
@@ -282,6 +302,35 @@ class Placement:
             out += f"\nrepair: {r}"
         if self.feasibility is not None and not self.feasibility.feasible:
             out += "\n" + self.feasibility.summary()
+        return out
+
+    # ------------------------------------------------------------------ headroom (twin.headroom)
+    def headroom_report(self) -> list[tuple[int, bool, Any]] | None:
+        """Per verified GPU ``(index, accepted with headroom, Headroom)``; None when unverified.
+        The verdict (``self.verdict``) stays the plain one."""
+        if self.verdict is None:
+            return None
+        th = float(self.params.get("starvation_threshold", 0.9))
+        return [(i, *r) for i, g in enumerate(self.gpus)
+                if (r := g.headroom_verdict(th)) is not None]
+
+    def headroom_lines(self, max_gpus: int = 8) -> str:
+        """The headroom verdict beside the plain one: the GPUs that pass only without the twin's
+        measured headroom, each with its headroom line, or the largest headroom applied."""
+        rep = self.headroom_report()
+        if not rep:
+            return ""
+        at_risk = [(i, hr) for i, ok, hr in rep if self.gpus[i].verified.ok and not ok]
+        head = {"accepted": "accepted", "rejected": "rejected"}[self.verdict]
+        out = (f"\nheadroom verdict: {head}; with the twin's measured headroom: "
+               f"{len(at_risk)} GPU(s) would be at risk")
+        for i, hr in at_risk[:max_gpus]:
+            out += f"\n  gpu {i}: {hr.describe()}"
+        if len(at_risk) > max_gpus:
+            out += f"\n  ... {len(at_risk) - max_gpus} more"
+        if not at_risk:
+            i, _, hr = max(rep, key=lambda r: r[2].h)
+            out += f"\n  largest on gpu {i}: {hr.describe()}"
         return out
 
     # ------------------------------------------------------------------ vLLM arguments

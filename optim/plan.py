@@ -296,6 +296,7 @@ class PlanResult:
     curves: tuple[GpuCurve, ...]
     files: tuple[Path, ...]
     stages: dict[str, float] = field(default_factory=dict)
+    headroom: bool = True       # twin.headroom: the deployment flags GPUs at risk (--no-headroom)
 
     @property
     def claim(self) -> str:
@@ -648,7 +649,8 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
     (out / "report.md").write_text(report_markdown(inst, p, bound, curves, deploy_rel, stages, out),
                                    encoding="utf-8")
     files += [out / "report.png", out / "report.md"]
-    return PlanResult(inst, p, bound, tuple(curves), tuple(files), stages)
+    return PlanResult(inst, p, bound, tuple(curves), tuple(files), stages,
+                      headroom=getattr(opts, "headroom", True))
 
 
 def stale_shipped_limits() -> str | None:
@@ -686,6 +688,8 @@ def summary_lines(res: PlanResult, out: Path) -> list[str]:
                      f"{plan.offered_tps:,.0f} tok/s, twin {tw:,.0f} tok/s")
     if p.n_gpus > 8:
         lines.append(f"  ... {p.n_gpus - 8} more in {out / 'report.md'}")
+    if res.headroom and p.verdict is not None:                   # twin.headroom
+        lines += p.headroom_lines().strip("\n").split("\n")
     lines.append(f"files: {out}/ (report.md, report.png, placement.json, servers/, "
                  "routing.csv, manifests)")
     return lines

@@ -284,6 +284,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     print()
     for line in describe_run(m, cfg.starvation_threshold):
         print(line)
+    from .headroom import describe as describe_headroom       # twin.headroom
+    for line in describe_headroom(profile, a.amax, len(adapters), m, cfg.starvation_threshold):
+        print(line)
     if json_out is not None:
         write_output(json_out, json.dumps({"configuration": config, **d}, indent=2,
                                           default=float))
