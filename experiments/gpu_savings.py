@@ -120,8 +120,10 @@ def _first_accepted(inst: Instance, method: str, start: int, max_extra: int, dur
             "status": "no accepted fleet"}
 
 
-def select_instances(paths: list[Path], quick: bool) -> list[Path]:
-    """All paper instances, or for ``--quick`` the Llama scenarios at their 4 smallest counts."""
+def select_instances(paths: list[Path], quick: bool,
+                     positions: Sequence[int] = (0, 1, 2, 3)) -> list[Path]:
+    """All paper instances, or for ``--quick`` the Llama scenarios at the ``positions`` of
+    their adapter counts in increasing order (default: the 4 smallest)."""
     if not quick:
         return paths
     by_scen: dict[str, list[tuple[int, Path]]] = {}
@@ -129,7 +131,7 @@ def select_instances(paths: list[Path], quick: bool) -> list[Path]:
         m = _NAME.match(p.stem)
         if m and m["model"] == "llama":
             by_scen.setdefault(f"{m['ranks']}-{m['rates']}", []).append((int(m["n"]), p))
-    return [p for v in by_scen.values() for _, p in sorted(v)[:4]]
+    return [p for v in by_scen.values() for i, (_, p) in enumerate(sorted(v)) if i in positions]
 
 
 def reduction(df: pd.DataFrame, a: str = "greedy", b: str = "maxbase", strict: bool = False

@@ -50,7 +50,7 @@ from optim.methods import method_names
 from twin.slo import Slo
 
 from .common import REPO, git_commit
-from .gpu_savings import PAPER_DIR, RowStore, _NAME, scenario_of, solve_point
+from .gpu_savings import PAPER_DIR, RowStore, scenario_of, select_instances, solve_point
 
 LEVELS: dict[str, Slo | None] = {
     "90pct": None,
@@ -65,15 +65,7 @@ MAX_EXTRA = 6
 def select(quick: bool) -> list[Path]:
     """Every paper instance, or (``quick``) the Llama scenarios at their 2nd and 4th smallest
     counts (one GPU and a few at the 90 % rule)."""
-    paths = sorted(PAPER_DIR.glob("paper-*.json"))
-    if not quick:
-        return paths
-    by: dict[str, list[tuple[int, Path]]] = {}
-    for p in paths:
-        m = _NAME.match(p.stem)
-        if m and m["model"] == "llama":
-            by.setdefault(f"{m['ranks']}-{m['rates']}", []).append((int(m["n"]), p))
-    return [p for v in by.values() for i, (_, p) in enumerate(sorted(v)) if i in (1, 3)]
+    return select_instances(sorted(PAPER_DIR.glob("paper-*.json")), quick, positions=(1, 3))
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
