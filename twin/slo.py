@@ -198,17 +198,14 @@ def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: n
     observed: dict[str, float] = {}
     within: dict[str, float] = {}
     ok_req = np.ones(n, bool)
-    for name, bound in slo.bounds().items():
-        if name == "ttft_p99_ms":
-            observed[name] = _quantile_with_unserved(ttft, n - len(ttft), slo.attainment)
+    per_request = {"ttft_p99_ms": (ttft, has_first), "e2e_p99_ms": (e2e, done)}
+    bounds = slo.bounds()
+    for name, bound in bounds.items():
+        if name in per_request:         # a quantile over the judged requests, unserved = inf
+            lat, served = per_request[name]
+            observed[name] = _quantile_with_unserved(lat, n - len(lat), slo.attainment)
             good = np.zeros(n, bool)
-            good[np.flatnonzero(has_first)] = ttft <= bound
-            within[name] = float(good.mean()) if n else float("nan")
-            ok_req &= good
-        elif name == "e2e_p99_ms":
-            observed[name] = _quantile_with_unserved(e2e, n - len(e2e), slo.attainment)
-            good = np.zeros(n, bool)
-            good[np.flatnonzero(done)] = e2e <= bound
+            good[np.flatnonzero(served)] = lat <= bound
             within[name] = float(good.mean()) if n else float("nan")
             ok_req &= good
         elif name == "ttft_mean_ms":
@@ -217,10 +214,10 @@ def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: n
         elif name == "itl_p99_ms":
             observed[name] = hist_quantile_upper(itl_hist, slo.attainment)
     # a bound with nothing to judge (no request, no gap) is met: there is no client to disappoint
-    met = {k: math.isnan(v) or v <= slo.bounds()[k] for k, v in observed.items()}
+    met = {k: math.isnan(v) or v <= bounds[k] for k, v in observed.items()}
     # bound / observed; where the quantile falls on unserved requests (inf), the share within
     # the bound over the share required (< 1 too, and still ordered for a search)
-    ratios = [(slo.bounds()[k] / v if v > 0 else float("inf")) if math.isfinite(v)
+    ratios = [(bounds[k] / v if v > 0 else float("inf")) if math.isfinite(v)
               else within.get(k, 0.0) / slo.attainment
               for k, v in observed.items() if not math.isnan(v)]
     span = duration_s - slo.warmup_s
