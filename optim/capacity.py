@@ -477,9 +477,7 @@ def limit_is_cached(profile: GpuProfile | str, rank: int, n_adapters: int,
 
 def max_startable_amax(profile: GpuProfile | str, rank: int) -> int:
     """Largest Amax with a KV-capacity entry at ``rank`` (0 when no configuration starts)."""
-    prof = _profile(profile)
-    slots = [a for (a, r) in prof.kv_capacity if r == rank]
-    return max(slots) if slots else 0
+    return _profile(profile).max_startable_amax(rank)
 
 
 def adapter_kv_cost(profile: GpuProfile | str, rank: int) -> float:

@@ -382,10 +382,10 @@ def _maxpack_cliff(a: argparse.Namespace, profile: GpuProfile, rates, ranks, len
                    plot: Path | None, n: int) -> int:
     """The residency-cliff sweeps of ``n`` adapters (``twin.cliff``): tables, the recommended
     vLLM flags, the figure; exit 1 when no max_loras is accepted."""
-    from .cliff import ladder, max_startable, cliff_sweep, plot_cliff, table_lines
+    from .cliff import ladder, cliff_sweep, plot_cliff, table_lines
 
     _check_cliff_size(rates, n, a.duration)
-    top = max_startable(profile, max(ranks))
+    top = profile.max_startable_amax(max(ranks))
     if top < 1:
         raise CliError(f"--ranks: no max_loras starts at max rank {max(ranks)} on profile "
                        f"'{profile.name}'")

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .lengths import LengthModel
-from .maxpack import mix_adapters
+from .maxpack import check_mix, mix_adapters
 from .metrics import RunMetrics
 from .profile import GpuProfile
 from .server import ServerConfig, simulate_server
@@ -64,12 +64,6 @@ def observed_p99(m: RunMetrics) -> tuple[float, float]:
     ttft = obs.get("ttft_p99_ms", m.p99_ttft_ms)
     itl = obs.get("itl_p99_ms", m.p99_itl_ms)
     return float(ttft), float(itl)
-
-
-def max_startable(profile: GpuProfile, rank: int) -> int:
-    """Largest ``max_loras`` with a KV-capacity entry at ``rank`` (0: none starts)."""
-    slots = [a for (a, r) in profile.kv_capacity if r == rank]
-    return max(slots) if slots else 0
 
 
 def ladder(hi: int, near: Sequence[int] = ()) -> list[int]:
@@ -236,19 +230,13 @@ def cliff_sweep(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[int
     defaults to 2N); ``adapters_sweep=False`` skips (b).
     ``on_point`` is called after each replay (progress bars). ``ValueError`` names a bad
     argument (an unsupported rank, no startable ``max_loras``, a bad count)."""
-    if not rates or not ranks:
-        raise ValueError("cliff: rates and ranks must not be empty")
+    check_mix(profile, rates, ranks, "cliff")
     if isinstance(adapters, bool) or not isinstance(adapters, int) or adapters < 1:
         raise ValueError(f"cliff: adapters must be an integer >= 1, got {adapters!r}")
     if not 0.0 <= throughput_tol < 1.0:
         raise ValueError(f"cliff: throughput_tol must be in [0, 1), got {throughput_tol!r}")
-    unsupported = sorted(set(ranks) - set(profile.supported_ranks))
-    if unsupported:
-        raise ValueError(f"cliff: rank {unsupported[0]} not supported by profile "
-                         f"'{profile.name}' (supported: "
-                         f"{', '.join(map(str, profile.supported_ranks))})")
     rank = max(ranks)
-    top = max_startable(profile, rank)
+    top = profile.max_startable_amax(rank)
     if top < 1:
         raise ValueError(f"cliff: no max_loras starts at max_lora_rank {rank} on profile "
                          f"'{profile.name}'")
@@ -452,5 +440,5 @@ def plot_formats() -> set[str]:
 
 
 __all__ = ["CliffPoint", "CliffCurve", "CliffReport", "cliff_sweep", "recommend", "ladder",
-           "observed_p99", "max_startable", "vllm_flags", "table_lines", "plot_cliff",
+           "observed_p99", "vllm_flags", "table_lines", "plot_cliff",
            "plot_formats"]

@@ -53,6 +53,19 @@ class MaxpackResult:
     points: tuple[MaxpackPoint, ...] = field(default_factory=tuple)
 
 
+
+def check_mix(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[int], who: str) -> None:
+    """An adapter mix (rates and ranks cycled over the adapters) ``profile`` can serve:
+    ``ValueError`` naming ``who`` when either list is empty or a rank is not supported."""
+    if not rates or not ranks:
+        raise ValueError(f"{who}: rates and ranks must not be empty")
+    unsupported = sorted(set(ranks) - set(profile.supported_ranks))
+    if unsupported:
+        raise ValueError(f"{who}: rank {unsupported[0]} not supported by profile "
+                         f"'{profile.name}' (supported: "
+                         f"{', '.join(map(str, profile.supported_ranks))})")
+
+
 def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[int],
                    lengths: LengthModel | None = None, duration_s: float = 3600.0,
                    n_grid: Sequence[int] = N_GRID, amax_grid: Sequence[int] = AMAX_GRID,
@@ -66,13 +79,7 @@ def maxpack_search(profile: GpuProfile, rates: Sequence[float], ranks: Sequence[
 
     Every rank must be supported by the profile (``ValueError`` otherwise: an unsupported rank
     would make every Amax look like a memory error and the answer 0 adapters)."""
-    if not rates or not ranks:
-        raise ValueError("maxpack: rates and ranks must not be empty")
-    unsupported = sorted(set(ranks) - set(profile.supported_ranks))
-    if unsupported:
-        raise ValueError(f"maxpack: rank {unsupported[0]} not supported by profile "
-                         f"'{profile.name}' (supported: "
-                         f"{', '.join(map(str, profile.supported_ranks))})")
+    check_mix(profile, rates, ranks, "maxpack")
     max_rank = max(ranks)
 
     def twin_eval(amax: int, n: int) -> RunMetrics:

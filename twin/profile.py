@@ -90,6 +90,11 @@ class GpuProfile:
             return self.name
         return f"{self.name} [derived profile (from {self.derived_from.get('profile', '?')})]"
 
+    def max_startable_amax(self, rank: int) -> int:
+        """Largest Amax with a KV-capacity entry at ``rank`` (0 when no configuration starts)."""
+        slots = [a for (a, r) in self.kv_capacity if r == rank]
+        return max(slots) if slots else 0
+
     def kv_tokens(self, max_loras: int, max_lora_rank: int) -> int | None:
         """KV-cache tokens of a configuration, or None when the server would not start.
 
