@@ -52,6 +52,20 @@ ITL_HIST_LO_MS = 0.1
 ITL_HIST_DECADES = 8.0   # bins cover 0.1 ms .. 1e7 ms, log-spaced
 
 
+def itl_hist_quantile(hist: np.ndarray, q: float, upper: bool = False) -> float:
+    """The q quantile of a gap histogram (ms): its bin's geometric middle, or with ``upper``
+    its upper edge (never below the true value); NaN for an empty histogram."""
+    total = hist.sum()
+    if total == 0:
+        return float("nan")
+    idx = int(np.searchsorted(np.cumsum(hist), q * total))
+    hi = ITL_HIST_LO_MS * 10 ** ((idx + 1) / ITL_HIST_BINS * ITL_HIST_DECADES)
+    if upper:
+        return float(hi)
+    lo = ITL_HIST_LO_MS * 10 ** (idx / ITL_HIST_BINS * ITL_HIST_DECADES)
+    return float(np.sqrt(lo * hi))
+
+
 @njit(cache=True)
 def itl_bin(gap_ms: float) -> int:
     """Log-spaced histogram bin of an inter-token gap."""

@@ -110,13 +110,7 @@ def with_energy(m: RunMetrics, gpu_busy_frac: float, avg_power_w: float,
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float:
-    total = hist.sum()
-    if total == 0:
-        return float("nan")
-    idx = int(np.searchsorted(np.cumsum(hist), q * total))
-    lo = K.ITL_HIST_LO_MS * 10 ** (idx / K.ITL_HIST_BINS * K.ITL_HIST_DECADES)
-    hi = K.ITL_HIST_LO_MS * 10 ** ((idx + 1) / K.ITL_HIST_BINS * K.ITL_HIST_DECADES)
-    return float(np.sqrt(lo * hi))
+    return K.itl_hist_quantile(hist, q)
 
 
 def memory_error_metrics(duration_s: float, offered_tps: float) -> RunMetrics:

@@ -174,11 +174,7 @@ def _quantile_with_unserved(values_ms: np.ndarray, n_unserved: int, q: float) ->
 
 def hist_quantile_upper(hist: np.ndarray, q: float) -> float:
     """The q quantile of the kernel's log-spaced gap histogram at its bin's upper edge."""
-    total = int(hist.sum())
-    if total == 0:
-        return float("nan")
-    idx = int(np.searchsorted(np.cumsum(hist), q * total))
-    return float(K.ITL_HIST_LO_MS * 10 ** ((idx + 1) / K.ITL_HIST_BINS * K.ITL_HIST_DECADES))
+    return K.itl_hist_quantile(hist, q, upper=True)
 
 
 def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: np.ndarray,
