@@ -89,7 +89,7 @@ def _pop_head(a, head, tail, nxt):
 # (``heap[0]`` is the adapter of the earliest waiting request): O(log adapters) per queue change
 # instead of an O(adapters) scan per admission. ``pos[a]`` is a's place in the heap, -1 if absent.
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _heap_swap(heap, pos, i, j):
     ai = heap[i]
     aj = heap[j]
@@ -153,18 +153,6 @@ def _heap_fix(a, heap, pos, n, head, key):
     return n
 
 
-@njit(cache=True, inline="always")
-def _add_to_batch(a, new, step_id, in_batch, batch_adapters, tok_of, n_distinct):
-    """Count ``new`` tokens of adapter ``a`` in this step's batch; returns the distinct count."""
-    if in_batch[a] != step_id:
-        in_batch[a] = step_id
-        batch_adapters[n_distinct] = a
-        n_distinct += 1
-        tok_of[a] = 0
-    tok_of[a] += new
-    return n_distinct
-
-
 @njit(cache=True, nogil=True)     # nogil: Ctrl-C reaches the main thread while it runs
 def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
@@ -211,6 +199,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
     running = np.empty(cap_seqs, np.int64)
     sched_new = np.empty(cap_seqs, np.int64)
     batch_adapters = np.empty(max(n_adapters, 1), np.int64)
+    # batch adapters with waiting requests, listed once the batch holds max_loras adapters (no
+    # other adapter can join it then, so admission only ever looks among these)
+    cand = np.empty(max(n_adapters, 1), np.int64)
 
     free_blocks = kv_blocks
     n_run = 0
@@ -265,7 +256,11 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                 new = budget
             ok = True
             while True:
-                need = blocks_for(computed[r] + new, block_size) - held[r]
+                # its held blocks cover the tokens (a decode step, 15 of 16 times): no division
+                tokens = computed[r] + new
+                need = 0
+                if tokens > held[r] * block_size:
+                    need = blocks_for(tokens, block_size) - held[r]
                 if need <= free_blocks:
                     free_blocks -= need
                     held[r] += need
@@ -300,8 +295,15 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                 n_decode += 1
             else:
                 n_prefill += new
-            n_distinct = _add_to_batch(adapter[r], new, step_id, in_batch, batch_adapters, tok_of,
-                                       n_distinct)
+            # count its tokens in this step's batch (written out here and in 2: a helper taking
+            # the arrays costs two atomic reference-count updates per array and call)
+            a = adapter[r]
+            if in_batch[a] != step_id:
+                in_batch[a] = step_id
+                batch_adapters[n_distinct] = a
+                n_distinct += 1
+                tok_of[a] = 0
+            tok_of[a] += new
             budget -= new
             i += 1
         n_sched = i
@@ -312,18 +314,28 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
         n_scanned = 0
         if not preempted and n_sched == n_run:
             wait_before = n_wait
+            n_cand = -1                 # candidates not listed yet
             while n_wait > 0 and budget > 0:
                 if n_run >= max_num_seqs:
                     break
                 best = -1
                 best_a = -1
+                best_k = -1
                 if lora and n_distinct >= max_loras:
-                    for k in range(n_distinct):
-                        b = batch_adapters[k]
+                    if n_cand < 0:
+                        n_cand = 0
+                        for k in range(n_distinct):
+                            b = batch_adapters[k]
+                            if head[b] >= 0:
+                                cand[n_cand] = b
+                                n_cand += 1
+                    for k in range(n_cand):
+                        b = cand[k]
                         h = head[b]
-                        if h >= 0 and (best < 0 or key[h] < key[best]):
+                        if best < 0 or key[h] < key[best]:
                             best = h
                             best_a = b
+                            best_k = k
                 elif n_heap > 0:
                     best_a = heap[0]
                     best = head[best_a]
@@ -338,6 +350,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                     break
                 _pop_head(best_a, head, tail, nxt)
                 n_heap = _heap_fix(best_a, heap, pos, n_heap, head, key)
+                if best_k >= 0 and head[best_a] < 0:     # its FIFO emptied: no more a candidate
+                    n_cand -= 1
+                    cand[best_k] = cand[n_cand]
                 n_wait -= 1
                 free_blocks -= need
                 held[r] += need
@@ -350,8 +365,12 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                     n_prefill += new
                 n_run += 1
                 n_sched += 1
-                n_distinct = _add_to_batch(best_a, new, step_id, in_batch, batch_adapters, tok_of,
-                                           n_distinct)
+                if in_batch[best_a] != step_id:       # (as in 1)
+                    in_batch[best_a] = step_id
+                    batch_adapters[n_distinct] = best_a
+                    n_distinct += 1
+                    tok_of[best_a] = 0
+                tok_of[best_a] += new
                 budget -= new
                 n_scanned += 1
             if lora and n_distinct >= max_loras and wait_before > 0:
@@ -379,7 +398,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                 stats[ST_SCHED_STEPS_MAXED] += 1
         dt = (step_time_ms(step_coef, n_sched, n_prefill, n_decode, ctx, n_distinct,
                            max_loras, max_rank, n_scanned, n_tiles) + load_total) / 1000.0
-        accumulate_design(stats[ST_DESIGN:ST_DESIGN + N_DESIGN], step_coef, n_sched, n_prefill,
+        accumulate_design(stats, ST_DESIGN, step_coef, n_sched, n_prefill,
                           n_decode, ctx, n_distinct, max_loras, max_rank, n_scanned, n_tiles)
         t_end = t + dt
         used = kv_blocks - free_blocks

@@ -239,10 +239,11 @@ N_DESIGN = 11   # columns of design_matrix: coefficients c0..c9 and c11
 
 
 @njit(cache=True)
-def accumulate_design(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
+def accumulate_design(out, base, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
                       n_distinct, max_loras, max_rank, n_waiting, n_tiles):
     """Add one step's design-matrix row (the columns of :func:`design_matrix`, with c10 and c12
-    taken from ``coef``) to ``out``. Summed over a run and divided by the step count this is the
+    taken from ``coef``) to ``out[base:base + N_DESIGN]`` (an offset, not a slice: a view made
+    every step costs the kernel two atomic reference-count updates). Summed over a run and divided by the step count this is the
     run's mean feature row: the step time is linear in it, which lets calibration fit the
     coefficients to run-level mean step times of simulated runs."""
     tok = float(n_prefill_tokens + n_decode_tokens)
@@ -257,17 +258,17 @@ def accumulate_design(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_
     over = s - coef[12]
     if over < 0.0:
         over = 0.0
-    out[0] += 1.0
-    out[1] += tok
-    out[2] += s
-    out[3] += float(ctx_tokens) * 1e-3
-    out[4] += m
-    out[5] += m * a
-    out[6] += m * tok * a * 1e-3
-    out[7] += m * k
-    out[8] += m * float(n_tiles)
-    out[9] += lora * float(n_waiting) * 1e-3
-    out[10] += over
+    out[base + 0] += 1.0
+    out[base + 1] += tok
+    out[base + 2] += s
+    out[base + 3] += float(ctx_tokens) * 1e-3
+    out[base + 4] += m
+    out[base + 5] += m * a
+    out[base + 6] += m * tok * a * 1e-3
+    out[base + 7] += m * k
+    out[base + 8] += m * float(n_tiles)
+    out[base + 9] += lora * float(n_waiting) * 1e-3
+    out[base + 10] += over
 
 
 def accumulate_design_py(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
