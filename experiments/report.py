@@ -76,8 +76,8 @@ STUDIES: tuple[Study, ...] = (
           ("-m", "experiments.routing", "--quick")),
     Study("gpu_savings", "GPUs by greedy on every paper instance, certified optimal",
           ("-m", "experiments.gpu_savings", "--methods", "greedy", "--workers", "2")),
-    Study("first_solve", "first solves of every small and paper instance",
-          ("-m", "experiments.first_solve")),
+    Study("first_solve", "first solves of every small and paper instance with a target",
+          ("-m", "experiments.first_solve", "--targets-only")),
 )
 
 
