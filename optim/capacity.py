@@ -451,12 +451,11 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
         one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers, slo)
         seeds = seeds[:COUNT_SEEDS]
     from contextlib import nullcontext
-    from concurrent.futures import ProcessPoolExecutor
-    from twin.fleet import installed_pool
+    from twin.fleet import installed_pool, worker_pool
     n_workers = workers or os.cpu_count() or 1
     shared = installed_pool()     # the command's worker processes (twin.fleet.use_backend)
     runner = (nullcontext(None) if n_workers <= 1 else nullcontext(shared) if shared is not None
-              else ProcessPoolExecutor(max_workers=n_workers))
+              else worker_pool(n_workers))
     with runner as pool:
         out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
                              one, pool, slo)

@@ -269,8 +269,8 @@ def config_index(inst, workers: int | None = None, quiet: bool = True,
         run_specs = [(specs[k][1], specs[k][3], specs[k][4], specs[k][2]) for k in todo]
         n_workers = workers or os.cpu_count() or 1
         if n_workers > 1:
-            from concurrent.futures import ProcessPoolExecutor
-            with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            from twin.fleet import worker_pool
+            with worker_pool(n_workers) as pool:
                 got = _measure(run_specs, inst.lengths, float(inst.duration_s), seeds,
                                float(inst.starvation_threshold), pool, quiet)
         else:

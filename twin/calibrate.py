@@ -373,7 +373,7 @@ def refine_with_simulated_runs(profile: GpuProfile, win_rows: pd.DataFrame, data
     run's mean step time is the coefficients times its mean design row; the twin's design rows
     depend on the coefficients, hence a fixed-point iteration (simulate, refit, repeat)."""
     import os
-    from concurrent.futures import ProcessPoolExecutor
+    from .fleet import worker_pool
     from dataclasses import replace
 
     from scipy.optimize import lsq_linear
@@ -394,7 +394,7 @@ def refine_with_simulated_runs(profile: GpuProfile, win_rows: pd.DataFrame, data
         prof = replace(profile, step_coef=tuple(float(c) for c in coef))
         jobs = [(prof, a, n, r, 1000 + i) for i, (a, n, r) in
                 enumerate(zip(s.gpu_loras, s.cpu_loras, s.adapter_rates))]
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with worker_pool(workers) as pool:
             sims = list(pool.map(_simulate_sched_run, jobs, chunksize=8))
         keep = np.array([x is not None for x in sims])
         Fs = np.vstack([x[0] for x in sims if x is not None])

@@ -132,14 +132,51 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(jobs) == 1:
         return FleetResult(shown(_simulate_one(j) for j in jobs))
-    ex = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_leave_ctrl_c_to_parent)
-    try:
+    with worker_pool(min(workers, len(jobs))) as ex:
         return FleetResult(shown(ex.map(_simulate_one, jobs)))
-    except KeyboardInterrupt:   # Ctrl-C / SIGTERM: a running replay may take minutes; end it
-        terminate_workers(ex)
-        raise
-    finally:   # drop the GPUs not started
-        ex.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """``workers`` local processes for replays, ended at once when the block is left by an
+    exception (Ctrl-C, SIGTERM, an error): leaving a plain ``ProcessPoolExecutor`` block waits
+    for the replays already running, which may take minutes. Workers leave Ctrl-C to the
+    parent. Tasks not started are dropped either way."""
+    ex = ProcessPoolExecutor(max_workers=workers, initializer=_leave_ctrl_c_to_parent)
+    ended = False
+    try:
+        yield ex
+        ended = True
+    finally:
+        if ended:
+            ex.shutdown(wait=True, cancel_futures=True)
+        else:       # the pool then fails what is left itself (cancelling too races with it)
+            _quiet_broken_pool_race()
+            terminate_workers(ex)
+            ex.shutdown(wait=True)
+
+
+def _quiet_broken_pool_race() -> None:
+    """Keep a known CPython 3.11 race out of the output of a stopped command: when worker
+    processes end while ``Executor.map``'s iterator cancels its futures, the pool's manager
+    thread raises ``InvalidStateError`` setting the broken-pool error on a cancelled future
+    (nothing is lost: the futures are cancelled). Any other thread exception still prints."""
+    import threading
+    from concurrent.futures import InvalidStateError
+    from concurrent.futures.process import _ExecutorManagerThread
+
+    previous = threading.excepthook
+    if getattr(previous, "_quiet_broken_pool", False):
+        return
+
+    def hook(args) -> None:
+        if isinstance(args.thread, _ExecutorManagerThread) and \
+                issubclass(args.exc_type, InvalidStateError):
+            return
+        previous(args)
+
+    hook._quiet_broken_pool = True
+    threading.excepthook = hook
 
 
 def installed_pool() -> object | None:
@@ -291,17 +328,12 @@ def use_backend(backend: str = "local", address: str | None = None,
             return
         # one set of worker processes for every replay of the block: starting a pool (and
         # loading the compiled kernel in each worker) costs 1.5-2 s, paid once, not per replay
-        ex = ProcessPoolExecutor(max_workers=n, initializer=_leave_ctrl_c_to_parent)
-        _installed_pool = ex
-        ended = False
-        try:
-            yield None
-            ended = True
-        finally:
-            _installed_pool = None
-            if not ended:                     # Ctrl-C, SIGTERM or an error: stop at once
-                terminate_workers(ex)
-            ex.shutdown(wait=ended, cancel_futures=True)
+        with worker_pool(n) as ex:
+            _installed_pool = ex
+            try:
+                yield None
+            finally:
+                _installed_pool = None
         return
     previous = _installed_pool
     with RayPool(workers, address) as pool:

@@ -281,8 +281,8 @@ def replay_maxsearch(data_dir: str | Path, profile_name: str = FIT_PROFILE,
         real["starved"] = str(r["starved_90"]).lower() == "true"
         jobs.append((profile_name, r[cols].to_dict(), real))
     if workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        from .fleet import worker_pool
+        with worker_pool(workers) as pool:
             out = list(tqdm(pool.map(_replay_one, jobs, chunksize=4), total=len(jobs),
                             desc="replaying max-search runs", disable=not progress))
     else:

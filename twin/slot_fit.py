@@ -29,7 +29,6 @@ per weight, the windows' fit and the runs' fit before and after.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -158,7 +157,8 @@ def fit_slot_terms(profile: GpuProfile, win_rows: pd.DataFrame, runs: pd.DataFra
                          f"over >= 2 max_lora_rank values, got {len(sat)} with ranks {ranks}")
     coef = np.array(profile.step_coef, dtype=float)
     cfgs = sat.to_dict("records")
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    from .fleet import worker_pool
+    with worker_pool(workers or os.cpu_count() or 1) as pool:
         sims = list(tqdm(pool.map(replay_design, [(profile, c) for c in cfgs], chunksize=4),
                          total=len(cfgs), desc="stage 4: replaying max-search runs",
                          leave=False))
