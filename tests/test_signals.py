@@ -73,47 +73,36 @@ def test_sigterm_during_the_fleet_replay_ends_the_workers(tmp_path):
     (a replay can run for minutes) and exits 130 within 2 s, leaving no worker behind."""
     from tests.test_cli_errors import tiny_instance
     inst = tiny_instance(tmp_path, rate=1.5, n=32)
-    err_file = tmp_path / "err.txt"
-    with open(err_file, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(inst), "--method",
-                                 "random", "--gpus", "4", "--duration", "20000", "--workers", "2"],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
-                                preexec_fn=sigint_default)
-        deadline = time.time() + 120
-        while time.time() < deadline and "twin replay" not in err_file.read_text():
-            time.sleep(0.2)
-        time.sleep(1.0)
-        workers = _children(proc.pid)
-        assert workers, "no worker processes"
-        took = _stop(proc, signal.SIGTERM)
-    text = err_file.read_text()
-    assert proc.returncode == 130, text
-    assert took <= EXIT_WITHIN_S, f"exit {took:.2f} s after SIGTERM\n{text}"
-    assert "Traceback" not in text and text.strip().endswith("interrupted"), text
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end and any(_alive(w) for w in workers):
-        time.sleep(0.05)
-    assert not [w for w in workers if _alive(w)], "workers left running"
+    _sigterm_ends_the_workers(tmp_path, ["solve", str(inst), "--method", "random", "--gpus", "4",
+                                         "--duration", "20000", "--workers", "2"],
+                              "twin replay")
 
 
 def test_sigterm_while_limits_are_measured_ends_the_workers(tmp_path):
     """SIGTERM while ``optim plan`` measures twin limits in its own worker processes (a window
     the shipped limits do not cover, an empty cache): exit 130 within 2 s, no worker left (a
     plain process pool would first finish every queued replay)."""
+    _sigterm_ends_the_workers(tmp_path, ["plan", str(REPO / "instances" / "examples" /
+                                                     "adapters.csv"),
+                                         "--duration", "1234", "--workers", "2",
+                                         "--out", str(tmp_path / "plan")],
+                              "measuring twin limits")
+
+
+def _sigterm_ends_the_workers(tmp_path: Path, args: list[str], stage: str) -> None:
+    """Run ``python -m optim args`` with an empty cache; once ``stage`` is on stderr and worker
+    processes run, SIGTERM the parent alone: exit 130 within 2 s, no traceback, no worker left."""
     import os
     err_file = tmp_path / "err.txt"
     env = {**os.environ, "LORA_PLACEMENT_CACHE": str(tmp_path / "cache")}
     with open(err_file, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "optim", "plan",
-                                 str(REPO / "instances" / "examples" / "adapters.csv"),
-                                 "--duration", "1234", "--workers", "2",
-                                 "--out", str(tmp_path / "plan")],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "optim", *args], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=err, env=env,
                                 preexec_fn=sigint_default)
         deadline = time.time() + 120
-        while time.time() < deadline and "measuring twin limits" not in err_file.read_text():
+        while time.time() < deadline and stage not in err_file.read_text():
             time.sleep(0.2)
-        assert "measuring twin limits" in err_file.read_text(), err_file.read_text()
+        assert stage in err_file.read_text(), err_file.read_text()
         while time.time() < deadline and not _children(proc.pid):
             time.sleep(0.1)
         time.sleep(1.0)
