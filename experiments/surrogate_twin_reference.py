@@ -13,7 +13,6 @@ and prints throughput SMAPE / MAPE and starvation F1 of the twin.
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import pandas as pd
 
 from surrogates.dataset import DEFAULT_CLIENT_MAX_WAITING
 from surrogates.metrics import f1, mape, smape
+from twin.fleet import worker_pool
 
 
 def _run(cfg: dict) -> dict:
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     ok = df[df["status"] == "ok"].reset_index(drop=True)
     cols = ["model", "served_adapters", "config_rates", "config_sizes", "max_loras",
             "pool_mean_input_len", "pool_mean_output_len"]
-    with ProcessPoolExecutor(a.workers) as pool:
+    with worker_pool(a.workers) as pool:
         res = list(pool.map(_run, ok[cols].to_dict("records"), chunksize=4))
     out = ok[cols + ["total_throughput_tps", "starved_90"]].copy()
     out["twin_tps"] = [r["twin_tps"] for r in res]

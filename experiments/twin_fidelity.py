@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 from experiments.common import mape, require_file, smape
 from twin.lengths import sharegpt_lengths
+from twin.fleet import worker_pool
 from twin.maxpack import maxpack_search
 from twin.profile import load_profile
 from twin.latency_tail import latency_tail_for
@@ -117,7 +117,7 @@ def run_validation(path: Path, workers: int, seed: int, io_correlation: float | 
     ok = ok[_consistent_counts(ok, path)]
     ok = ok.reset_index(drop=True)
     cfgs = ok[CONFIG_COLUMNS].to_dict("records")
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with worker_pool(workers) as pool:
         results = list(tqdm(pool.map(replay_run, cfgs, [seed] * len(cfgs),
                                      [io_correlation] * len(cfgs),
                                      [client_latency] * len(cfgs)),
@@ -164,7 +164,7 @@ def run_maxsearch(path: Path, workers: int, seed: int) -> pd.DataFrame:
         means = (float(g["pool_mean_input_len"].mean()), float(g["pool_mean_output_len"].mean()))
         for amax in amax_grid:
             jobs.append((model, rates, ranks, amax, n_grid, means, seed))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with worker_pool(workers) as pool:
         walks = list(tqdm(pool.map(_walk, jobs), total=len(jobs), desc="maxpack walks"))
     rows = []
     for (rates_s, sizes_s), _ in ok.groupby(["config_rates", "config_sizes"]):

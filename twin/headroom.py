@@ -265,8 +265,8 @@ def replay_csv(path, workers: int = 1, progress: bool = True):
     n = len(cfgs)
     args = (cfgs, [0] * n, [None] * n, [False] * n)
     if workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        from .fleet import worker_pool
+        with worker_pool(workers) as pool:
             res = list(tqdm(pool.map(replay_run, *args, chunksize=4), total=n,
                             desc="replaying runs", disable=not progress))
     else:
