@@ -469,7 +469,6 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
             if not done:
                 if keep != k:
                     running[keep] = running[k]
-                    sched_new[keep] = sched_new[k]
                     run_adapter[keep] = run_adapter[k]
                     run_in[keep] = run_in[k]
                     run_out[keep] = run_out[k]
