@@ -72,6 +72,7 @@ LP_BOUND_MAX_PAIRS = 20_000     # (adapter, GPU slot) pairs up to which the assi
 # in half the time left is not built
 BUILD_PAIRS_PER_S = {"milp": 2_500, "cpsat": 4_000}
 DIVE_SHARE = {"milp": 0.5, "cpsat": 0.8}   # of the time left, for the arc-flow LP dive
+TABU_SHARE = 0.25       # of the time left, for each packing search into a proven bound
 CUT_MODES = ("capacity", "exact", "superset")
 
 
@@ -301,6 +302,13 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
     info["model"] = "arcflow" if G is not None else "assignment"
     if G is not None:
         info["n_arcs"] = G.n_arcs
+        # one bin kind (classical bin packing): a packing into the proven bound ends the search
+        best = _tabu_start(P, G, P.gpu_lower_bound, best, deadline, TABU_SHARE, info)
+        if best is not None and solution_value(P, best[1]) <= P.gpu_lower_bound:
+            fn = arcflow.solve_arcflow_milp if solver == "milp" else arcflow.solve_arcflow_cpsat
+            kw = {"seed": seed} if solver == "cpsat" else {}
+            return fn(P, G, max(0.1, deadline - time.perf_counter()), threads=threads,
+                      hint=arcflow.hint_flows(G, P, best[1]), **kw)
         # CP-SAT seldom finds an exactly-full packing by itself (triplets); HiGHS' MIP does,
         # so the dive gets most of the time before cpsat and half of it before milp
         share = DIVE_SHARE[solver]
@@ -320,6 +328,8 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
             if best is None or solution_value(P, dive_sol) < solution_value(P, best[1]):
                 best = ("lp-dive", dive_sol)
                 info["start"] = "lp-dive"
+        if lb > P.gpu_lower_bound:      # the LP raised the bound: search a packing into it
+            best = _tabu_start(P, G, lb, best, deadline, TABU_SHARE, info)
         if best is not None:
             hint = arcflow.hint_flows(G, P, best[1])
         fn = arcflow.solve_arcflow_milp if solver == "milp" else arcflow.solve_arcflow_cpsat
@@ -346,6 +356,30 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
     return fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
               warm_start=best[1] if best and split_hint is None else None,
               split_hint=split_hint)
+
+
+def _tabu_start(P: PackingProblem, G, target: int, best, deadline: float, share: float,
+                info: dict[str, Any]):
+    """``best`` or, when the problem is one bin kind that accepts every adapter (classical bin
+    packing) and ``best`` uses more than ``target`` GPUs, a packing into ``target`` bins found
+    by ``bpp_search.pack_into`` within ``share`` of the time left (recorded in ``info``)."""
+    from .bpp_search import pack_into
+    if (P.objective != "gpus" or len(G.kinds) != 1 or target < 1
+            or (best is not None and solution_value(P, best[1]) <= target)):
+        return best
+    kind = G.kinds[0]
+    cfg = P.types[kind.type_index].configs[kind.config_index]
+    if any(r > cfg.rank for r in P.ranks):
+        return best
+    t0 = time.perf_counter()
+    until = t0 + share * max(0.0, deadline - t0)
+    bins = pack_into([w // G.divisor for w in P.loads], kind.cap, target, until, seed=0)
+    info.setdefault("tabu", []).append({"target": target, "found": bins is not None,
+                                        "wall_s": round(time.perf_counter() - t0, 3)})
+    if bins is None:
+        return best
+    info["start"] = "tabu"
+    return ("tabu", [(kind.type_index, sorted(b)) for b in bins if b])
 
 
 def _pool_below(P: PackingProblem, starts) -> PackingProblem:
