@@ -303,12 +303,10 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
     if G is not None:
         info["n_arcs"] = G.n_arcs
         # one bin kind (classical bin packing): a packing into the proven bound ends the search
+        t0 = time.perf_counter()
         best = _tabu_start(P, G, P.gpu_lower_bound, best, deadline, TABU_SHARE, info)
-        if best is not None and solution_value(P, best[1]) <= P.gpu_lower_bound:
-            fn = arcflow.solve_arcflow_milp if solver == "milp" else arcflow.solve_arcflow_cpsat
-            kw = {"seed": seed} if solver == "cpsat" else {}
-            return fn(P, G, max(0.1, deadline - time.perf_counter()), threads=threads,
-                      hint=arcflow.hint_flows(G, P, best[1]), **kw)
+        if _meets(P, best, P.gpu_lower_bound):
+            return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0, "bounds")
         # CP-SAT seldom finds an exactly-full packing by itself (triplets); HiGHS' MIP does,
         # so the dive gets most of the time before cpsat and half of it before milp
         share = DIVE_SHARE[solver]
@@ -329,7 +327,10 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
                 best = ("lp-dive", dive_sol)
                 info["start"] = "lp-dive"
         if lb > P.gpu_lower_bound:      # the LP raised the bound: search a packing into it
+            t0 = time.perf_counter()
             best = _tabu_start(P, G, lb, best, deadline, TABU_SHARE, info)
+            if _meets(P, best, lb):
+                return _packing_result(solver, G, best[1], lb, t0, "the arc-flow LP")
         if best is not None:
             hint = arcflow.hint_flows(G, P, best[1])
         fn = arcflow.solve_arcflow_milp if solver == "milp" else arcflow.solve_arcflow_cpsat
@@ -380,6 +381,22 @@ def _tabu_start(P: PackingProblem, G, target: int, best, deadline: float, share:
         return best
     info["start"] = "tabu"
     return ("tabu", [(kind.type_index, sorted(b)) for b in bins if b])
+
+
+def _meets(P: PackingProblem, best, bound: int) -> bool:
+    """``best`` (a named solution or None) uses at most ``bound`` GPUs (gpus objective)."""
+    return P.objective == "gpus" and best is not None and solution_value(P, best[1]) <= bound
+
+
+def _packing_result(solver: str, G, sol, bound: int, t0: float, source: str) -> SolveResult:
+    """An optimal ``SolveResult`` for a one-kind packing ``sol`` that meets a proven bound
+    (nothing is left for the model to find)."""
+    kind = G.kinds[0]
+    gpus = tuple((kind.type_index, kind.config_index, tuple(sorted(items)))
+                 for _, items in sol if items)
+    return SolveResult(solver, "optimal", float(len(gpus)), float(bound),
+                       time.perf_counter() - t0, gpus, True,
+                       {"termination": f"packing into the bound of {source} (tabu search)"})
 
 
 def _pool_below(P: PackingProblem, starts) -> PackingProblem:
