@@ -228,3 +228,37 @@ def test_report_uses_the_bound_the_certificate_raised():
     assert bound_basis(b)[-1].startswith("bound: 1 GPU(s)")
     q = p.with_(params={"lower_bound": 1})
     assert final_bound(q, b) == 1 and claim_text(q, b).startswith("within 1 GPU(s)")
+
+
+EVERY_METHOD = ["auto", "cpsat", "dlora", "greedy", "loraserve", "maxbase", "maxbase-half", "milp",
+                "random"]
+
+
+def test_the_agreement_test_covers_every_registered_method():
+    from optim.methods import method_names
+    assert sorted(method_names()) == sorted(EVERY_METHOD)
+
+
+@pytest.mark.parametrize("method", EVERY_METHOD)
+def test_every_method_agrees_on_status_claim_and_json(method, tmp_path, capsys):
+    """For each registered method through ``optim solve``: status ``optimal`` exactly when the
+    JSON carries a claim, and the printed claim line is that claim."""
+    from optim.cli import main
+    from tests.test_cli_errors import tiny_instance
+    inst = tiny_instance(tmp_path, rate=1.0, n=6)
+    out = tmp_path / "p.json"
+    args = ["solve", str(inst), "--method", method, "--json", str(out), "--workers", "1",
+            "--time-limit", "20"]
+    if method in ("dlora", "loraserve", "random"):          # fixed-fleet methods
+        args += ["--gpus", "2"]
+    rc = main(args)
+    text = capsys.readouterr().out
+    assert out.exists(), text
+    rec = json.loads(out.read_text())
+    claim = rec["params"].get("claim")
+    assert rc in (0, 1), text
+    assert (rec["status"] == "optimal") == bool(claim), (rec["status"], claim)
+    if claim:
+        assert f"claim: {claim}" in text
+    else:
+        assert "claim: optimal" not in text
