@@ -47,9 +47,14 @@ def amax_upper(plan: GpuPlan) -> int:
 
 def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
                 seed: int | Sequence[int], duration_s: float,
-                workers: int | None = None) -> list[tuple[float, object]]:
+                workers: int | None = None, stop_below: float | None = None
+                ) -> list[tuple[float, object]]:
     """(score, twin metrics) of ``plan`` at each Amax, replaying the workload of ``seed`` (one
-    seed for every Amax, or one per Amax), all in one parallel fleet run."""
+    seed for every Amax, or one per Amax), all in one parallel fleet run.
+
+    ``stop_below`` (in (0, 1]): a replay stops once its score is certain to end below it, and
+    its score is then an upper bound (still below ``stop_below``, the metrics those of the
+    partial replay): for checks that only ask whether some Amax reaches ``stop_below``."""
     seeds = [int(seed)] * len(amaxes) if isinstance(seed, (int, np.integer)) else list(seed)
     if len(seeds) != len(amaxes):
         raise ValueError(f"twin_scores: {len(seeds)} seeds for {len(amaxes)} Amax values")
@@ -57,7 +62,7 @@ def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
                      plan.offered_tps, plan.predicted) for a in amaxes]
     jobs = [c.twin_assignment(inst.starvation_threshold, inst.slo) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
-                         check_routing=False, seeds=seeds)
+                         check_routing=False, seeds=seeds, stop_below=stop_below)
     out = []
     for m in res.per_gpu:
         if m.memory_error or m.offered_realised_tps <= 0:

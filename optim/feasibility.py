@@ -413,8 +413,9 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         if max(best, float(np.mean(per_seed))) >= need:
             return False
         rest = [a for a in range(1, top + 1) if a not in seen]
-        if rest and max(score(rest)) >= need:
-            return False
+        if rest and max(v for v, _ in twin_scores(inst, plan, rest, inst.seed, duration_s,
+                                                  workers, stop_below=need if 0 < need <= 1 else None)) >= need:
+            return False                # (only "does some Amax reach need?": early stops)
     return True
 
 
@@ -458,8 +459,9 @@ def _one_gpu_accepted(inst: Instance, duration_s: float, workers: int | None) ->
             top = amax_upper(plan)
 
             def score(xs: list[int], plan=plan) -> list[float]:
+                # only "does some Amax reach 1?" is asked: a replay stops once it cannot
                 return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s,
-                                                  workers)]
+                                                  workers, stop_below=1.0)]
 
             _, best, seen = search_max(score, top)
             if best >= 1.0:

@@ -90,17 +90,19 @@ class FleetBackendError(ValueError):
 
 
 def _simulate_one(args: tuple) -> RunMetrics:
-    profile, gpu, duration_s, lengths, seed = args
+    profile, gpu, duration_s, lengths, seed, *rest = args
     prof = profile if isinstance(profile, GpuProfile) else load_profile(profile)
     adapters = [a if share == 1.0 else replace(a, rate=a.rate * share) for a, share in gpu.adapters]
-    return simulate_server(prof, adapters, gpu.config, duration_s, lengths=lengths, seed=seed)
+    return simulate_server(prof, adapters, gpu.config, duration_s, lengths=lengths, seed=seed,
+                           stop_below=rest[0] if rest else None)
 
 
 def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
                    lengths: LengthModel | None = None, seed: int = 0,
                    workers: int | None = None, pool: Executor | None = None,
                    check_routing: bool = True, seeds: Sequence[int] | None = None,
-                   backend: str | None = None, address: str | None = None) -> FleetResult:
+                   backend: str | None = None, address: str | None = None,
+                   stop_below: float | None = None) -> FleetResult:
     """Simulate every GPU (GPU ``g`` uses seed ``seed + g``, or ``seeds[g]`` when given).
 
     Where: ``pool`` (any object with ``.map``, reused across calls) when given; else with
@@ -109,14 +111,15 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
     ``backend="local"``); else in ``workers`` local processes (default: all cores; 1 = in this
     process). ``check_routing=False`` runs the GPUs as independent what-if replays (an adapter
     may then appear on several GPUs with any shares); ``seeds`` lets such replays draw the
-    workload a given GPU of a placement would see."""
+    workload a given GPU of a placement would see. ``stop_below``: each replay may stop once
+    it is certain to score below it (``twin.server.simulate_requests``; what-if searches)."""
     check_backend(backend, address, workers)
     if check_routing:
         check_shares(gpus)
     if seeds is not None and len(seeds) != len(gpus):
         raise ValueError(f"seeds: {len(seeds)} given for {len(gpus)} GPUs")
-    jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g if seeds is None else int(seeds[g]))
-            for g, gpu in enumerate(gpus)]
+    jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g if seeds is None else int(seeds[g]),
+             stop_below) for g, gpu in enumerate(gpus)]
 
     def shown(results):
         return tuple(progress(results, total=len(jobs), desc="twin replay", unit="GPU",

@@ -49,7 +49,11 @@ ST_MAX_DISTINCT = 15    # most distinct adapters in one step's batch
 ST_DROPPED_TOKENS = 16  # computed KV tokens thrown away by preemptions (recomputed later)
 ST_REJECTED = 17        # arrivals refused because the client's waiting cap was reached
 ST_DESIGN = 18          # ST_DESIGN .. ST_DESIGN + N_DESIGN - 1: summed step-time design rows
-N_STATS = ST_DESIGN + N_DESIGN
+ST_DECIDED_T = ST_DESIGN + N_DESIGN      # time the run stopped with its verdict decided, or 0
+ST_TOKENS_BOUND = ST_DECIDED_T + 1       # then: an upper bound on the window's completed tokens
+N_STATS = ST_TOKENS_BOUND + 1
+
+DECIDE_EVERY = 64        # steps between two checks of the early-stop bound
 
 LORA_TILE = 16           # tokens per LoRA kernel tile (Triton BLOCK_M) for the tile count
 
@@ -159,11 +163,44 @@ def _heap_fix(a, heap, pos, n, head, key):
     return n
 
 
+def min_ms_per_token(step_coef, max_loras: int, max_rank: int, max_batched_tokens: int) -> float:
+    """A lower bound on the step time per scheduled token (ms), or 0 when none holds.
+
+    Every step of ``tok >= 1`` tokens (``tok <= max_batched_tokens`` = B, at least one sequence,
+    and with LoRA at least one distinct adapter and ``tiles >= tok / LORA_TILE``) lasts, by the
+    step-time formula with every coefficient >= 0 and the adapter loads >= 0, at least
+    alpha + beta * tok >= tok * (beta + alpha / B), with alpha = c0 + c2 + m (c4 + c5 A + c7)
+    and beta = c1 + m (c6 A / 1000 + c8 / LORA_TILE). A negative coefficient voids the bound."""
+    c = np.asarray(step_coef, np.float64)
+    if (c < 0).any() or max_batched_tokens < 1:
+        return 0.0
+    alpha, beta = c[0] + c[2], c[1]
+    if max_loras > 0:
+        m = 1.0 + c[10] * max(float(max_rank) - 8.0, 0.0) * 0.125
+        alpha += m * (c[4] + c[5] * max_loras + c[7])
+        beta += m * (c[6] * max_loras * 1e-3 + c[8] / LORA_TILE)
+    return float(beta + alpha / max_batched_tokens)
+
+
+@njit(cache=True)
+def completed_tokens_bound(done_tokens, held_tokens, n_other, remaining_s, ms_per_token):
+    """An upper bound on the input + output tokens of the requests completed inside the
+    window, at a step boundary with ``remaining_s`` of it left: those completed so far
+    (``done_tokens``), every running request's in full (``held_tokens``), and, for the
+    ``n_other`` requests of the window neither done nor running, at most one token each more
+    than the tokens still scheduled in the window (a request of L tokens needs L - 1 scheduled
+    tokens from scratch, more after a preemption), which take ``ms_per_token`` each at least."""
+    if remaining_s < 0.0:
+        remaining_s = 0.0
+    return (done_tokens + held_tokens + max(n_other, 0)
+            + remaining_s * 1000.0 / ms_per_token) * (1.0 + 1e-9)
+
+
 @njit(cache=True, nogil=True)     # nogil: Ctrl-C reaches the main thread while it runs
 def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
                     max_num_seqs, duration, step_coef, max_waiting,
-                    first_t, finish_t, stats, itl_hist):
+                    first_t, finish_t, stats, itl_hist, stop_tokens=0.0, ms_per_token=0.0):
     """Simulate requests (sorted by ``arrival``) on one server until ``duration`` seconds.
 
     Writes ``first_t`` (first-token time, -1 if none) and ``finish_t`` (-1 if unfinished) per
@@ -173,9 +210,17 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
     order vLLM activates a step's adapters (``twin.adapter_cache``).
     ``max_loras == 0`` disables LoRA (no distinct-adapter rule, no loads). ``max_waiting > 0``
     refuses arrivals while that many requests wait (the benchmark client's connection limit).
+
+    Early stop (``stop_tokens > 0``): every ``DECIDE_EVERY`` steps the run ends once the input +
+    output tokens it can still complete inside the window are bounded below ``stop_tokens``
+    (:func:`completed_tokens_bound`, with ``ms_per_token`` from :func:`min_ms_per_token`); then
+    ``stats[ST_DECIDED_T]`` holds the time and ``stats[ST_TOKENS_BOUND]`` the bound.
     """
     n_req = arrival.shape[0]
     lora = max_loras > 0
+    n_window = np.searchsorted(arrival, duration)     # requests arriving inside the window
+    done_tokens = 0.0                                 # of requests finished inside the window
+    n_done = 0
 
     # per-request state
     computed = np.zeros(n_req, np.int64)
@@ -462,6 +507,9 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                         done = True
                         r = running[k]
                         finish_t[r] = t_end
+                        if t_end <= duration:
+                            done_tokens += run_in[k] + run_out[k]
+                            n_done += 1
                         free_blocks += run_held[k]
                         computed[r] = run_computed[k]
                         gen[r] = run_gen[k]
@@ -479,6 +527,16 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
                 keep += 1
         n_run = keep
         t = t_end
+        if stop_tokens > 0.0 and stats[ST_STEPS] % DECIDE_EVERY == 0 and t < duration:
+            held_tokens = 0.0
+            for k in range(n_run):
+                held_tokens += run_in[k] + run_out[k]
+            bound = completed_tokens_bound(done_tokens, held_tokens, n_window - n_done - n_run,
+                                           duration - t, ms_per_token)
+            if bound < stop_tokens:
+                stats[ST_DECIDED_T] = t
+                stats[ST_TOKENS_BOUND] = bound
+                break
     stats[ST_END_T] = t
     for k in range(n_run):              # the running requests' state, written back
         r = running[k]

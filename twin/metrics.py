@@ -79,6 +79,11 @@ class RunMetrics:
     joules_per_output_token: float = float("nan")
     # the run judged against a latency SLO (``twin.slo.SloResult.to_dict()``; None: no SLO)
     slo: dict | None = None
+    # a replay stopped once its verdict was decided (``simulate_server(stop_below=...)``): the
+    # simulated time it stopped at (NaN: ran the whole window). Then it is starved,
+    # ``throughput_tps`` is an upper bound on the whole window's and the other figures
+    # describe the replay up to that time
+    decided_at_s: float = float("nan")
 
     @property
     def slo_met(self) -> bool:

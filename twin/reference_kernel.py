@@ -18,11 +18,14 @@ from .step_time import N_DESIGN, accumulate_design_py, step_time_ms_py
 
 def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
                        max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
-                       max_num_seqs, duration, step_coef, max_waiting=0, observer=None):
+                       max_num_seqs, duration, step_coef, max_waiting=0, observer=None,
+                       stop_tokens=0.0, ms_per_token=0.0):
     """Return ``(first_t, finish_t, stats, itl_hist, n_running, n_waiting, computed, generated)``
-    like the kernel. ``observer(scheduler, plan)``, if given, is called after every schedule
-    (tests use it to check invariants step by step)."""
+    like the kernel (the early stop too). ``observer(scheduler, plan)``, if given, is called
+    after every schedule (tests use it to check invariants step by step)."""
     n_req = len(arrival)
+    n_window = int(np.searchsorted(arrival, duration))
+    done_tokens, n_done = 0.0, 0
     first_t = np.full(n_req, -1.0)
     finish_t = np.full(n_req, -1.0)
     last_tok = np.zeros(n_req)
@@ -106,7 +109,19 @@ def simulate_reference(arrival, adapter, in_len, out_len, n_adapters, load_ms, a
                 if req.generated >= req.out_len:
                     finish_t[req.idx] = t_end
                     sched.finish(req)
+                    if t_end <= duration:
+                        done_tokens += req.in_len + req.out_len
+                        n_done += 1
         t = t_end
+        if stop_tokens > 0.0 and stats[K.ST_STEPS] % K.DECIDE_EVERY == 0 and t < duration:
+            held = float(sum(r.in_len + r.out_len for r in sched.running))
+            bound = K.completed_tokens_bound.py_func(done_tokens, held,
+                                                     n_window - n_done - len(sched.running),
+                                                     duration - t, ms_per_token)
+            if bound < stop_tokens:
+                stats[K.ST_DECIDED_T] = t
+                stats[K.ST_TOKENS_BOUND] = bound
+                break
     stats[K.ST_END_T] = t
     computed = np.array([r.computed for r in reqs], np.int64)
     generated = np.array([r.generated for r in reqs], np.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -110,9 +110,12 @@ class KernelRun:
 
 
 def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
-               config: ServerConfig, duration_s: float) -> KernelRun | None:
+               config: ServerConfig, duration_s: float, stop_tokens: float = 0.0
+               ) -> KernelRun | None:
     """Check the inputs and run the compiled kernel; ``None`` means a memory error (the
-    configuration has no KV-capacity entry in the profile)."""
+    configuration has no KV-capacity entry in the profile). ``stop_tokens > 0``: stop once the
+    window's completed tokens are bounded below it (``twin.kernel.simulate_kernel``; no stop
+    when the step-time model gives no bound)."""
     if not (np.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration must be > 0 seconds, got {duration_s!r}")
     max_rank = resolve_max_rank(profile, adapters, config)
@@ -136,14 +139,19 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
     finish_t = np.full(n, -1.0)
     stats = np.zeros(K.N_STATS)
     hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+    budget = config.max_num_batched_tokens or profile.max_num_batched_tokens
+    coef = profile.step_coef_array()
+    ms_per_token = K.min_ms_per_token(coef, config.max_loras, max_rank, budget)
+    if ms_per_token <= 0.0:
+        stop_tokens = 0.0
     t0 = time.perf_counter()
     interruptible(
         K.simulate_kernel,
         requests.arrival_s, requests.adapter.astype(np.int64), requests.input_len.astype(np.int64),
         requests.output_len.astype(np.int64), len(adapters), load_ms, order, config.max_loras,
-        max_rank, kv_blocks, block, config.max_num_batched_tokens or profile.max_num_batched_tokens,
-        config.max_num_seqs or profile.max_num_seqs, float(duration_s),
-        profile.step_coef_array(), config.client_max_waiting or 0, first_t, finish_t, stats, hist)
+        max_rank, kv_blocks, block, budget, config.max_num_seqs or profile.max_num_seqs,
+        float(duration_s), coef, config.client_max_waiting or 0, first_t, finish_t, stats, hist,
+        float(stop_tokens), float(ms_per_token))
     return KernelRun(first_t, finish_t, stats, hist, kv_blocks, time.perf_counter() - t0)
 
 
@@ -200,19 +208,38 @@ def _power_of_run(m: RunMetrics, profile: GpuProfile, config: ServerConfig, run:
 
 def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
                       config: ServerConfig, duration_s: float, offered_tps: float | None = None,
-                      ) -> RunMetrics:
-    """Replay a fixed request stream on one server; ``offered_tps`` defaults to the realised one."""
-    if offered_tps is None and duration_s > 0:
-        offered_tps = realised_offered_tps(requests.arrival_s, requests.input_len,
-                                           requests.output_len, duration_s)
-    run = run_kernel(profile, adapters, requests, config, duration_s)
+                      stop_below: float | None = None) -> RunMetrics:
+    """Replay a fixed request stream on one server; ``offered_tps`` defaults to the realised one.
+
+    With ``stop_below`` the kernel stops once the window's completed tokens are bounded below
+    ``stop_below`` x threshold x the realised offered tokens (``twin.kernel``'s early stop: a
+    sound bound from the step-time model). Such a run is starved (its SLO is not judged),
+    ``decided_at_s`` says when it stopped and ``throughput_tps`` is the bound / window: an upper
+    bound, so a score computed from it is at least the full replay's."""
+    realised = (realised_offered_tps(requests.arrival_s, requests.input_len,
+                                     requests.output_len, duration_s) if duration_s > 0 else 0.0)
+    if offered_tps is None:
+        offered_tps = realised
+    stop_tokens = 0.0
+    if stop_below is not None and not 0.0 < stop_below <= 1.0:
+        raise ValueError(f"stop_below: a score in (0, 1] (a run stopped below it starves), "
+                         f"got {stop_below!r}")
+    if stop_below is not None and realised > 0:
+        stop_tokens = float(stop_below) * config.starvation_threshold * realised * duration_s
+    run = run_kernel(profile, adapters, requests, config, duration_s, stop_tokens)
     if run is None:
         return memory_error_metrics(duration_s, float(offered_tps or 0.0))
+    decided = float(run.stats[K.ST_DECIDED_T]) > 0.0
     m = compute_metrics(requests.arrival_s, requests.input_len, requests.output_len, run.first_t,
                         run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
                         run.kv_blocks, profile.block_size, config.starvation_threshold,
-                        config.slo, adapter=requests.adapter, adapter_count=len(adapters))
-    m = _power_of_run(m, profile, config, run, requests, duration_s)
+                        None if decided else config.slo, adapter=requests.adapter,
+                        adapter_count=len(adapters))
+    if decided:
+        m = replace(m, throughput_tps=float(run.stats[K.ST_TOKENS_BOUND]) / duration_s,
+                    starved=True, decided_at_s=float(run.stats[K.ST_DECIDED_T]))
+    else:                               # (a partial run's energy would mislead)
+        m = _power_of_run(m, profile, config, run, requests, duration_s)
     return _with_wall(m, run.wall_s)
 
 
@@ -224,8 +251,14 @@ def _with_wall(m: RunMetrics, wall: float) -> RunMetrics:
 
 def simulate_server(profile: GpuProfile, adapters: Sequence[Adapter], config: ServerConfig,
                     duration_s: float = 3600.0, lengths: LengthModel | None = None,
-                    arrivals: ArrivalProcess | None = None, seed: int = 0) -> RunMetrics:
-    """Draw a seeded workload for ``adapters`` and simulate it on one server."""
+                    arrivals: ArrivalProcess | None = None, seed: int = 0,
+                    stop_below: float | None = None) -> RunMetrics:
+    """Draw a seeded workload for ``adapters`` and simulate it on one server.
+
+    ``stop_below`` (a score, e.g. 1.0): the replay may stop as soon as it is certain that
+    throughput / (threshold x realised offered) ends below it — a verdict search that only asks
+    "does this configuration reach the score?" then skips the rest of the window
+    (:func:`simulate_requests`)."""
     lengths = lengths if lengths is not None else default_lengths()
     resolve_max_rank(profile, adapters, config)   # fail fast, before drawing the workload
     if arrivals is None:            # the default draw is a function of its inputs: reuse it
@@ -233,7 +266,7 @@ def simulate_server(profile: GpuProfile, adapters: Sequence[Adapter], config: Se
     else:
         requests = generate_requests(adapters, duration_s, lengths, arrivals=arrivals, seed=seed)
     return simulate_requests(profile, adapters, requests, config, duration_s,
-                             offered_token_rate(adapters, lengths))
+                             offered_token_rate(adapters, lengths), stop_below=stop_below)
 
 
 _DRAWS: "OrderedDict[tuple, Requests]" = OrderedDict()
