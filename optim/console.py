@@ -40,6 +40,9 @@ def _entry(cmd: str) -> tuple[Callable[[Sequence[str] | None], int], bool] | Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:                    # the console script itself, not a caller in-process
+        from twin.cli_support import exit_early_on_signals
+        exit_early_on_signals()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)

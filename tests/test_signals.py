@@ -42,9 +42,18 @@ def _stop(proc: subprocess.Popen, sig: int) -> float:
     return time.monotonic() - t0
 
 
+@pytest.fixture(scope="module")
+def import_s() -> float:
+    """Seconds this machine takes to import the solve command now (a cold, loaded CI machine
+    can take several): the signal below waits for that on top of ``SIGNAL_AFTER_S``."""
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import optim.cli"], cwd=REPO, check=True)
+    return time.monotonic() - t0
+
+
 @pytest.mark.parametrize("method, sig", [("cpsat", signal.SIGINT), ("cpsat", signal.SIGTERM),
                                          ("milp", signal.SIGINT), ("milp", signal.SIGTERM)])
-def test_exact_solve_stops_at_once_and_keeps_the_best_placement(method, sig, tmp_path):
+def test_exact_solve_stops_at_once_and_keeps_the_best_placement(method, sig, tmp_path, import_s):
     out = tmp_path / "out.json"
     err_file = tmp_path / "err.txt"
     with open(err_file, "w") as err:
@@ -52,7 +61,7 @@ def test_exact_solve_stops_at_once_and_keeps_the_best_placement(method, sig, tmp
                                  method, "--no-verify", "--time-limit", "120", "--json", str(out),
                                  "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
                                 preexec_fn=sigint_default)
-        time.sleep(SIGNAL_AFTER_S)
+        time.sleep(SIGNAL_AFTER_S + import_s)
         assert proc.poll() is None, err_file.read_text()
         took = _stop(proc, sig)
     text = err_file.read_text()
@@ -233,3 +242,32 @@ def test_twin_run_stops_while_the_compiled_kernel_runs(sig, tmp_path):
     assert took <= EXIT_WITHIN_S, f"exit {took:.2f} s after the signal"
     assert "Traceback" not in err and err.strip().endswith("interrupted"), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_exits_130_without_a_traceback(sig, tmp_path):
+    """A signal while a command still imports its modules (``exit_early_on_signals`` is set,
+    ``run_command`` not yet): exit 130 with ``interrupted``, no traceback, not death by the
+    signal's default action (-15) or an import's KeyboardInterrupt traceback."""
+    code = ("import os, signal, time\n"
+            "from twin.cli_support import exit_early_on_signals\n"
+            "exit_early_on_signals()\n"
+            f"os.kill(os.getpid(), {int(sig)})\n"
+            "time.sleep(5)\n"
+            "import optim.cli\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, preexec_fn=sigint_default)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and proc.stderr.strip() == "interrupted"
+
+
+@pytest.mark.parametrize("entry, then", [("optim/__main__.py", "from .cli import main"),
+                                         ("twin/__main__.py", "from .cli import main"),
+                                         ("twin/harness/__main__.py", "from .cli import main"),
+                                         ("surrogates/__main__.py", "from .cli import main"),
+                                         ("optim/console.py", "found = _entry(")])
+def test_every_entry_point_sets_the_start_up_handlers_before_its_imports(entry, then):
+    text = (REPO / entry).read_text()
+    call, later = text.find("exit_early_on_signals()"), text.find(then)
+    assert call >= 0, f"{entry} does not call exit_early_on_signals()"
+    assert 0 <= later and call < later, f"{entry} imports its command before the handlers"

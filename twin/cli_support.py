@@ -187,9 +187,6 @@ class Interrupted(KeyboardInterrupt):
         self.note = note
 
 
-_ABANDONED: list[threading.Thread] = []   # solver threads still inside C code after Ctrl-C
-
-
 def run_interruptible(work: Callable[[], T], stop: Callable[[], object] | None = None,
                       grace_s: float = 1.4) -> tuple[T | None, bool]:
     """Run ``work()`` — one long call into C code (a CP-SAT or HiGHS solve) during which Python
@@ -197,7 +194,8 @@ def run_interruptible(work: Callable[[], T], stop: Callable[[], object] | None =
     main thread at once. On an interrupt ``stop()`` asks the solver to end its search (it is
     called repeatedly: the solver may not have started yet) and ``work``'s result is awaited for
     ``grace_s`` seconds. Returns ``(result, interrupted)``; the result is None when ``work`` did
-    not return in time (its thread is then abandoned, see ``run_command``) or failed after the
+    not return in time (its daemon thread is then left inside C code: ``run_command`` ends
+    the process at once, without the teardown that would abort under it) or failed after the
     interrupt. Outside the main thread ``work()`` simply runs."""
     if threading.current_thread() is not threading.main_thread():
         return work(), False
@@ -231,7 +229,6 @@ def run_interruptible(work: Callable[[], T], stop: Callable[[], object] | None =
                     pass
             done.wait(0.05)
         if not done.is_set():
-            _ABANDONED.append(th)
             _restore_streams(saved)
             return None, True
         return (None if "error" in box else box.get("result")), True
@@ -277,6 +274,29 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _exit_interrupted(signum, frame) -> None:
+    try:
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(EXIT_INTERRUPTED)
+
+
+def exit_early_on_signals() -> None:
+    """Start-up of a command, before its heavy imports (numba, solvers: seconds on a cold
+    machine): Ctrl-C and SIGTERM end the process at once with ``interrupted`` and exit 130
+    (without this, SIGTERM would kill it by its default action and Ctrl-C print an import's
+    traceback). :func:`run_command` then takes over. A SIGINT the process inherited as
+    ignored (a background job) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _exit_interrupted)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _exit_interrupted)
+
+
 # ----------------------------------------------------------------------------- running
 def _interrupted(e: BaseException) -> bool:
     while e is not None:
@@ -295,6 +315,8 @@ def run_command(func: Callable[[], int], interrupted_hint: str = "") -> int:
     if threading.current_thread() is threading.main_thread():
         try:
             old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+            if signal.getsignal(signal.SIGINT) is _exit_interrupted:   # exit_early_on_signals
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         except (ValueError, OSError):
             old_term = None
     try:

@@ -1,5 +1,9 @@
 import sys
 
-from .cli import main
+from twin.cli_support import exit_early_on_signals
+
+exit_early_on_signals()         # before the heavy imports below
+
+from .cli import main  # noqa: E402
 
 sys.exit(main())
