@@ -77,7 +77,7 @@ def _backbone_run(prof: GpuProfile, lengths: LengthModel, offered_tps: float,
                       np.zeros(1), np.zeros(1, np.int64), 0, min(prof.supported_ranks),
                       kv_blocks, prof.block_size,
                       prof.max_num_batched_tokens, prof.max_num_seqs, float(duration_s),
-                      prof.step_coef_array(), 0, first_t, finish_t, stats, hist)
+                      prof.step_coef_array(), 0, first_t, finish_t, stats, hist, 0.0, 0.0)
     m = compute_metrics(reqs.arrival_s, reqs.input_len, reqs.output_len, first_t, finish_t,
                         stats, hist, duration_s, offered_tps, kv_blocks, prof.block_size)
     return m.throughput_tps

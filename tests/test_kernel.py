@@ -38,7 +38,7 @@ def run_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, amax, kv_
     n_run, n_wait, computed, gen = K.simulate_kernel(
         arrival, adapter, in_len, out_len, n_adapters, load_ms, _order(n_adapters), amax,
         max_rank, kv_blocks, block,
-        budget, max_seqs, duration, COEF, max_waiting, first, finish, stats, hist)
+        budget, max_seqs, duration, COEF, max_waiting, first, finish, stats, hist, 0.0, 0.0)
     return first, finish, stats, hist, n_run, n_wait, computed, gen
 
 

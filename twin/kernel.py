@@ -200,7 +200,7 @@ def completed_tokens_bound(done_tokens, held_tokens, n_other, remaining_s, ms_pe
 def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, activation_rank,
                     max_loras, max_rank, kv_blocks, block_size, max_batched_tokens,
                     max_num_seqs, duration, step_coef, max_waiting,
-                    first_t, finish_t, stats, itl_hist, stop_tokens=0.0, ms_per_token=0.0):
+                    first_t, finish_t, stats, itl_hist, stop_tokens, ms_per_token):
     """Simulate requests (sorted by ``arrival``) on one server until ``duration`` seconds.
 
     Writes ``first_t`` (first-token time, -1 if none) and ``finish_t`` (-1 if unfinished) per
