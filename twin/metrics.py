@@ -80,10 +80,10 @@ class RunMetrics:
     # the run judged against a latency SLO (``twin.slo.SloResult.to_dict()``; None: no SLO)
     slo: dict | None = None
     # a replay stopped once its verdict was decided (``simulate_server(stop_below=...)``): the
-    # simulated time it stopped at (NaN: ran the whole window). Then it is starved,
+    # simulated time it stopped at (None: ran the whole window). Then it is starved,
     # ``throughput_tps`` is an upper bound on the whole window's and the other figures
     # describe the replay up to that time
-    decided_at_s: float = float("nan")
+    decided_at_s: float | None = None
 
     @property
     def slo_met(self) -> bool:
