@@ -170,3 +170,22 @@ def test_bad_constants_are_refused():
     with pytest.raises(ValueError, match="missing"):
         LT.LatencyTail.from_dict({"ttft_base_ms": 1.0})
     assert LT.LatencyTail.from_dict(_tail().to_dict()) == _tail()
+
+
+def test_fewer_active_adapters_delay_less_and_old_constants_still_load():
+    """The delivery delay falls with the share of a server's adapters its batches hold at once
+    (``itl_delay_active_exp`` > 0); constants written before that term load with it at 0 (the
+    earlier model), and with 0 the share changes nothing."""
+    tail = _tail(itl_delay_active_exp=0.3)
+    assert tail.delay_mean_ms(200, 256, 8) < tail.delay_mean_ms(200, 256, 128) \
+        < tail.delay_mean_ms(200, 256, 256) == tail.delay_mean_ms(200, 256)
+    old = {k: v for k, v in _tail().to_dict().items() if k != "itl_delay_active_exp"}
+    assert LT.LatencyTail.from_dict(old).itl_delay_active_exp == 0.0
+    assert _tail().delay_mean_ms(200, 256, 8) == _tail().delay_mean_ms(200, 256)
+
+
+def test_batch_adapters_is_the_step_time_weighted_mean():
+    stats = np.zeros(K.N_STATS)
+    stats[K.ST_BUSY_S], stats[K.ST_DISTINCT_S] = 10.0, 45.0
+    assert LT.batch_adapters(stats) == 4.5
+    assert LT.batch_adapters(np.zeros(K.N_STATS)) == 0.0

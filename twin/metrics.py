@@ -164,10 +164,11 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     mean_itl = 1000.0 * gaps / n_gaps if n_gaps > 0 else float("nan")
     ttft = (first_t[done] - arrival[done]) * 1000.0
     if latency_tail is not None:
-        from .latency_tail import itl_quantiles_ms, run_features, ttft_offsets_ms
+        from .latency_tail import batch_adapters, itl_quantiles_ms, run_features, ttft_offsets_ms
         running, n_adapters, first = run_features(arrival, adapter, stats, duration_s)
         ttft = ttft + ttft_offsets_ms(latency_tail, running, n_adapters, first[done])
-        p50_itl, p99_itl = itl_quantiles_ms(latency_tail, itl_hist, running, n_adapters)
+        p50_itl, p99_itl = itl_quantiles_ms(latency_tail, itl_hist, running, n_adapters,
+                                            active=batch_adapters(stats))
     else:
         p50_itl, p99_itl = _hist_quantile(itl_hist, 0.5), _hist_quantile(itl_hist, 0.99)
     if n_done:
