@@ -179,9 +179,21 @@ def test_fewer_active_adapters_delay_less_and_old_constants_still_load():
     tail = _tail(itl_delay_active_exp=0.3)
     assert tail.delay_mean_ms(200, 256, 8) < tail.delay_mean_ms(200, 256, 128) \
         < tail.delay_mean_ms(200, 256, 256) == tail.delay_mean_ms(200, 256)
-    old = {k: v for k, v in _tail().to_dict().items() if k != "itl_delay_active_exp"}
-    assert LT.LatencyTail.from_dict(old).itl_delay_active_exp == 0.0
+    old = {k: v for k, v in _tail().to_dict().items() if k not in LT.OPTIONAL_TERMS}
+    back = LT.LatencyTail.from_dict(old)
+    assert back.itl_delay_active_exp == 0.0 and back.itl_delay_queue_exp == 0.0
     assert _tail().delay_mean_ms(200, 256, 8) == _tail().delay_mean_ms(200, 256)
+
+
+def test_a_longer_waiting_queue_delays_less():
+    """``itl_delay_queue_exp`` > 0: the delay falls with the run's longest waiting queue
+    (halved at W_REF waiting requests with exponent 1); with 0 the queue changes nothing."""
+    tail = _tail(itl_delay_queue_exp=1.0)
+    full = tail.delay_mean_ms(200, 256)
+    assert tail.delay_mean_ms(200, 256, waiting=0) == full
+    assert tail.delay_mean_ms(200, 256, waiting=LT.W_REF) == pytest.approx(full / 2)
+    assert tail.delay_mean_ms(200, 256, waiting=5000) < tail.delay_mean_ms(200, 256, waiting=50)
+    assert _tail().delay_mean_ms(200, 256, waiting=5000) == _tail().delay_mean_ms(200, 256)
 
 
 def test_batch_adapters_is_the_step_time_weighted_mean():

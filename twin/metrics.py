@@ -168,7 +168,8 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         running, n_adapters, first = run_features(arrival, adapter, stats, duration_s)
         ttft = ttft + ttft_offsets_ms(latency_tail, running, n_adapters, first[done])
         p50_itl, p99_itl = itl_quantiles_ms(latency_tail, itl_hist, running, n_adapters,
-                                            active=batch_adapters(stats))
+                                            active=batch_adapters(stats),
+                                            waiting=float(stats[K.ST_MAX_WAITING]))
     else:
         p50_itl, p99_itl = _hist_quantile(itl_hist, 0.5), _hist_quantile(itl_hist, 0.99)
     if n_done:
