@@ -226,12 +226,13 @@ def test_every_c_solver_of_the_exact_loop_is_interruptible(solver):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_twin_run_stops_while_the_compiled_kernel_runs(sig, tmp_path):
-    """One long in-process simulation (2,000 adapters, a 20-hour window: the kernel alone runs
-    for many seconds): the kernel runs in a helper thread without the GIL, so the signal ends
-    the command at once, exit 130, no --json left behind."""
+    """One long in-process simulation (2,000 adapters, a 55-hour window, 8 M requests: the
+    whole command takes about 10 s on the 2-core VM, a 20-hour window had become too short to
+    be still running at the signal): the kernel runs in a helper thread without the GIL, so the
+    signal ends the command at once, exit 130, no --json left behind."""
     out = tmp_path / "run.json"
     proc = subprocess.Popen([sys.executable, "-m", "twin", "run", "--adapters", "2000",
-                             "--rates", "0.02", "--duration", "72000", "--amax", "64",
+                             "--rates", "0.02", "--duration", "200000", "--amax", "64",
                              "--json", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     time.sleep(5.0)
