@@ -394,8 +394,9 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         plan = plan_gpu(t.name, t.profile, 1, pairs, inst.mean_tokens, rank)
         top = amax_upper(plan)
 
-        def score(xs: list[int], plan=plan) -> list[float]:
-            return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s, workers)]
+        def score(xs: list[int], plan=plan, stop_below: float | None = None) -> list[float]:
+            return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s, workers,
+                                              stop_below=stop_below)]
 
         arg, best, seen = search_max(score, top)
         if best >= need:
@@ -413,9 +414,9 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         if max(best, float(np.mean(per_seed))) >= need:
             return False
         rest = [a for a in range(1, top + 1) if a not in seen]
-        if rest and max(v for v, _ in twin_scores(inst, plan, rest, inst.seed, duration_s,
-                                                  workers, stop_below=need if 0 < need <= 1 else None)) >= need:
-            return False                # (only "does some Amax reach need?": early stops)
+        # only "does some Amax reach need?" is asked: a replay stops once it cannot
+        if rest and max(score(rest, stop_below=need if 0 < need <= 1 else None)) >= need:
+            return False
     return True
 
 

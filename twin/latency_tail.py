@@ -355,10 +355,10 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
     y_i = np.array([s.real["p99_itl_ms"] for s in samples])
 
     def itl_pred(x) -> np.ndarray:
-        p, mu0, r0, b, e, w = x
+        tail = LatencyTail(0, 0, 0, 0, *x)     # only its delay terms are used
         return np.array([observed_gap_quantile(
-            s.itl_hist, 0.99, p, LatencyTail(0, 0, 0, 0, p, mu0, r0, b, e, w).delay_mean_ms(
-                s.running, s.adapters, s.active, s.waiting)) for s in samples])
+            s.itl_hist, 0.99, tail.itl_delay_prob,
+            tail.delay_mean_ms(s.running, s.adapters, s.active, s.waiting)) for s in samples])
 
     def itl_obj(x) -> float:
         if not (0.0 < x[0] <= 1.0 and x[1] > 0 and x[2] > 0):

@@ -216,15 +216,17 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
     sound bound from the step-time model). Such a run is starved (its SLO is not judged),
     ``decided_at_s`` says when it stopped and ``throughput_tps`` is the bound / window: an upper
     bound, so a score computed from it is at least the full replay's."""
-    realised = (realised_offered_tps(requests.arrival_s, requests.input_len,
-                                     requests.output_len, duration_s) if duration_s > 0 else 0.0)
-    if offered_tps is None:
-        offered_tps = realised
-    stop_tokens = 0.0
     if stop_below is not None and not 0.0 < stop_below <= 1.0:
         raise ValueError(f"stop_below: a score in (0, 1] (a run stopped below it starves), "
                          f"got {stop_below!r}")
-    if stop_below is not None and realised > 0:
+    realised = None                     # computed only where it is needed here
+    if (offered_tps is None or stop_below is not None) and duration_s > 0:
+        realised = realised_offered_tps(requests.arrival_s, requests.input_len,
+                                        requests.output_len, duration_s)
+    if offered_tps is None:
+        offered_tps = realised
+    stop_tokens = 0.0
+    if stop_below is not None and realised:
         stop_tokens = float(stop_below) * config.starvation_threshold * realised * duration_s
     run = run_kernel(profile, adapters, requests, config, duration_s, stop_tokens)
     if run is None:
