@@ -112,6 +112,8 @@ class TwinBound:
     accepted, because its fullest GPU must swap and fails (``fullest_gpu_excluded``; 0: not
     shown); ``busiest_excluded_to``: likewise because its busiest GPU fails
     (``busiest_gpu_excluded``); ``two_gpus_excluded``: no split over two GPUs is accepted (``two_gpus_excluded``);
+    ``by_packing``: the Martello–Toth L2 bound of the adapters' loads packed into bins of
+    ``count_cap_tps`` (``packing_bound``: hot adapters that no GPU carries two of);
     ``best`` = the largest GPU count these leave. ``count_limits`` lists
     the (adapters, carry limit) points measured for ``by_count``."""
 
@@ -128,10 +130,12 @@ class TwinBound:
     fullest_excluded_to: int = 0
     two_gpus_excluded: bool = False
     busiest_excluded_to: int = 0
+    by_packing: int = 0
 
     @property
     def best(self) -> int:
-        return max(self.one_adapter, self.by_count, 2 if self.one_gpu_excluded else 1,
+        return max(self.one_adapter, self.by_count, self.by_packing,
+                   2 if self.one_gpu_excluded else 1,
                    self.fullest_excluded_to + 1, self.busiest_excluded_to + 1,
                    3 if self.two_gpus_excluded else 1)
 
@@ -140,8 +144,32 @@ class TwinBound:
                                                   "max_adapter_tps", "gpu_cap_tps",
                                                   "count_cap_tps", "one_adapter", "by_count",
                                                   "one_gpu_excluded", "fullest_excluded_to",
-                                                  "busiest_excluded_to", "two_gpus_excluded")},
+                                                  "busiest_excluded_to", "two_gpus_excluded",
+                                                  "by_packing")},
                 "best": self.best, "count_limits": [list(x) for x in self.count_limits]}
+
+
+PACKING_SCALE = 1e6         # packing_bound: the cap in integer units
+
+
+def packing_bound(loads_tps: Sequence[float], cap_tps: float) -> int:
+    """Fewest bins of capacity ``cap_tps`` that hold ``loads_tps`` whole, bounded below by
+    Martello–Toth L2 (``exact.bounds.martello_toth_l2``; 0 when some load exceeds the cap or
+    there is none).
+
+    A twin-sound GPU bound for placements that keep each adapter whole when ``cap_tps`` is a
+    load no accepted GPU exceeds (the count-aware cap, ``count_cap``): every accepted placement
+    is then a packing of the loads into that many bins. L1 (load / cap) is ``one_adapter`` /
+    ``by_count`` already; L2 adds that adapters above half the cap need a GPU each. Loads are
+    rounded down and the cap up to integers (``PACKING_SCALE`` units per cap), which only
+    relaxes the packing."""
+    from .exact.bounds import martello_toth_l2
+    loads = [float(x) for x in loads_tps]
+    if not loads or cap_tps <= 0 or max(loads) > cap_tps:
+        return 0
+    scale = PACKING_SCALE / float(cap_tps)
+    return martello_toth_l2([math.floor(x * scale) for x in loads],
+                            math.ceil(float(cap_tps) * scale))
 
 
 def _bound_seeds(inst: Instance) -> tuple[int, ...]:
@@ -284,18 +312,19 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
         raise ValueError(f"{inst.name}: no GPU type starts a LoRA configuration of rank >= "
                          f"{_smallest_rank(inst)}")
     lb_one, lb_count = _count_bound(total, best_one), _count_bound(total, best_count)
+    lb_pack = packing_bound([inst.load_tps(a) for a in inst.adapters], best_count)
     # one GPU for everything: exact check of every Amax, where the caps leave it possible —
     # near the one-adapter cap, or where one GPU would have to swap adapters at every Amax
     # (more adapters than any type starts slots for: the many-adapter limits behind the
     # COUNT_BOUND_FROM shortcut are measured with every adapter resident)
-    excluded = (max(lb_one, lb_count) == 1
+    excluded = (max(lb_one, lb_count, lb_pack) == 1
                 and (total > COUNT_BOUND_FROM * best_one or _swaps_on_one_gpu(inst))
                 and one_gpu_excluded(inst, dur, workers))
     # k >= 2 GPUs: the fullest holds ceil(adapters / k); where even the lightest such set at
     # the smallest rank must swap on one GPU, replay it (fullest_gpu_excluded)
     # or where the busiest GPU, carrying at least L / k, is near the cap: replay the least-work
     # such GPU (busiest_gpu_excluded)
-    k, r0 = max(lb_one, lb_count, 2 if excluded else 1), _smallest_rank(inst)
+    k, r0 = max(lb_one, lb_count, lb_pack, 2 if excluded else 1), _smallest_rank(inst)
     fullest = busiest = 0
     for _ in range(MAX_FULLEST_STEPS):
         if k < 2:
@@ -315,7 +344,7 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
             and two_gpus_excluded(inst, dur, workers, pair_checks))
     return TwinBound(inst.name, dur, total, lmax, best_one, best_count, lb_one, lb_count,
                      tuple((int(n), float(v)) for n, v in points), excluded, fullest, pair,
-                     busiest)
+                     busiest, lb_pack)
 
 
 def _must_swap(inst: Instance, n: int, rank: int) -> bool:

@@ -337,6 +337,10 @@ def bound_basis(bound, final: int | None = None) -> list[str]:
         lines.append(f"adapter-count cap: a GPU whose adapters offer at most "
                      f"{bound.max_adapter_tps:,.0f} tok/s each carries at most "
                      f"{bound.count_cap_tps:,.0f} tok/s -> at least {bound.by_count} GPU(s)")
+    if bound.by_packing > max(bound.one_adapter, bound.by_count):
+        lines.append(f"packing: the adapters' loads, each whole on one GPU of at most "
+                     f"{bound.count_cap_tps:,.0f} tok/s, need at least {bound.by_packing} GPU(s) "
+                     "(Martello-Toth L2: adapters above half that cap need a GPU each)")
     if bound.one_gpu_excluded:
         lines.append("one GPU holding every adapter starves at every max_loras (replayed)")
     if bound.fullest_excluded_to:

@@ -419,3 +419,68 @@ def test_raise_bound_to_runs_the_exclusion_that_closes_one_step(monkeypatch):
     assert feas.raise_bound_to(inst, 2, 4, DUR) == 2 and calls == []     # two steps: nothing
     monkeypatch.setattr(feas, "busiest_gpu_excluded", rec("busiest", False))
     assert feas.raise_bound_to(inst, 3, 4, DUR) == 3
+
+
+def _best_packing(loads: list[float], cap: float) -> int:
+    """Fewest bins of ``cap`` holding ``loads`` whole, by brute force (a few items)."""
+    best = len(loads)
+
+    def place(i: int, bins: list[float]) -> None:
+        nonlocal best
+        if len(bins) >= best:
+            return
+        if i == len(loads):
+            best = len(bins)
+            return
+        for b in range(len(bins)):
+            if bins[b] + loads[i] <= cap:
+                bins[b] += loads[i]
+                place(i + 1, bins)
+                bins[b] -= loads[i]
+        place(i + 1, bins + [loads[i]])
+
+    place(0, [])
+    return best
+
+
+def test_packing_bound_never_exceeds_the_best_packing():
+    """L2 on rounded loads is a bound: never above brute force, and at least L1 and the count
+    of loads above half the cap."""
+    from optim.feasibility import packing_bound
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        cap = float(rng.uniform(1_000, 20_000))
+        loads = list(rng.uniform(0.01, 1.0, size=int(rng.integers(1, 8))) * cap)
+        b = packing_bound(loads, cap)
+        assert b <= _best_packing(sorted(loads, reverse=True), cap)
+        assert b >= math.ceil(sum(loads) / cap - 1e-9)
+        assert b >= sum(x > cap / 2 for x in loads)
+    assert packing_bound([0.6] * 4 + [0.1] * 4, 1.0) == 4
+    assert packing_bound([1.5, 0.2], 1.0) == 0 and packing_bound([], 1.0) == 0
+
+
+def test_packing_bound_raises_the_twin_bound_for_hot_adapters(monkeypatch):
+    """Four adapters above half the carry cap need four GPUs although their load fits three."""
+    import types
+
+    import optim.feasibility as feas
+
+    inst = _inst([(8, 5.0)] * 4 + [(8, 0.5)] * 4)
+    hot = 5.0 * inst.mean_tokens
+    cap = 1.8 * hot                                # 3 GPUs by load, hot adapters > cap / 2
+    monkeypatch.setattr(feas, "carry_limit",
+                        lambda *a, **k: types.SimpleNamespace(limit_tps=cap))
+    monkeypatch.setattr(feas, "busiest_gpu_excluded", lambda *a, **k: False)
+    b = twin_lower_bound(inst)
+    assert (b.one_adapter, b.by_packing, b.best) == (3, 4, 4)
+    assert b.to_dict()["by_packing"] == 4
+
+
+def test_two_hot_adapters_above_half_the_cap_starve_together():
+    """The premise in the twin: two adapters each offering more than half the one-adapter
+    carry limit starve on one GPU at every Amax that fits them."""
+    one = _limit().limit_tps
+    rate = 0.55 * one / (223.0 + 196.3)
+    ads = [Adapter("h0", 8, rate), Adapter("h1", 8, rate)]
+    assert not any(_verdicts([(a, ads) for a in (1, 2, 3)], [0, 0, 0]))
