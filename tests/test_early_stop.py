@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from twin import kernel as K
 from twin.reference_kernel import simulate_reference
+from twin.step_time import min_ms_per_token
 from tests.test_kernel import COEF, _order, make_case
 
 DURATION = 20.0
@@ -29,7 +30,7 @@ def _kernel(c, arrival, adapter, in_len, out_len, load_ms, stop_tokens=0.0, coef
     n = len(arrival)
     first, finish = np.full(n, -1.0), np.full(n, -1.0)
     stats, hist = np.zeros(K.N_STATS), np.zeros(K.ITL_HIST_BINS, np.int64)
-    ms = K.min_ms_per_token(coef, c["amax"], c["max_rank"], c["budget"])
+    ms = min_ms_per_token(coef, c["amax"], c["max_rank"], c["budget"])
     out = K.simulate_kernel(arrival, adapter, in_len, out_len, c["n_adapters"], load_ms,
                             _order(c["n_adapters"]), c["amax"], c["max_rank"], c["kv_blocks"], 16,
                             c["budget"], c["max_seqs"], DURATION, coef, 0, first, finish, stats,
@@ -79,7 +80,7 @@ def test_kernel_and_reference_stop_at_the_same_step(c):
     offered = float((in_len + out_len)[arrival < DURATION].sum())
     stop = c["target"] * offered
     fast = _kernel(c, arrival, adapter, in_len, out_len, load_ms, stop)
-    ms = K.min_ms_per_token(COEF, c["amax"], c["max_rank"], c["budget"])
+    ms = min_ms_per_token(COEF, c["amax"], c["max_rank"], c["budget"])
     ref = simulate_reference(arrival, adapter, in_len, out_len, c["n_adapters"], load_ms,
                              _order(c["n_adapters"]), c["amax"], c["max_rank"], c["kv_blocks"],
                              16, c["budget"], c["max_seqs"], DURATION, COEF, stop_tokens=stop,
@@ -97,7 +98,7 @@ def test_the_step_time_floor_holds_for_every_step_of_a_run():
     for _ in range(2000):
         amax, rank, budget = int(rng.integers(1, 300)), int(rng.choice([8, 16, 32, 64])), \
             int(rng.choice([16, 256, 2048, 8192]))
-        ms = K.min_ms_per_token(COEF, amax, rank, budget)
+        ms = min_ms_per_token(COEF, amax, rank, budget)
         seqs = int(rng.integers(1, 300))
         tok = int(rng.integers(seqs, max(seqs, budget) + 1)) if seqs <= budget else budget
         tok = min(tok, budget)
@@ -112,7 +113,7 @@ def test_the_step_time_floor_holds_for_every_step_of_a_run():
 def test_no_floor_from_a_negative_coefficient():
     coef = COEF.copy()
     coef[1] = -1e-3
-    assert K.min_ms_per_token(coef, 8, 16, 2048) == 0.0
+    assert min_ms_per_token(coef, 8, 16, 2048) == 0.0
 
 
 def test_stop_below_is_a_score_in_0_1():

@@ -27,7 +27,7 @@ from numba import njit
 
 from .adapter_cache import activate_batch
 from .kv_cache import blocks_for
-from .step_time import N_DESIGN, accumulate_design, step_time_ms
+from .step_time import LORA_TILE, N_DESIGN, accumulate_design, step_time_ms
 
 # Indices of the kernel's scalar statistics vector.
 ST_STEPS = 0
@@ -55,7 +55,6 @@ N_STATS = ST_TOKENS_BOUND + 1
 
 DECIDE_EVERY = 64        # steps between two checks of the early-stop bound
 
-LORA_TILE = 16           # tokens per LoRA kernel tile (Triton BLOCK_M) for the tile count
 
 ITL_HIST_BINS = 4000
 ITL_HIST_LO_MS = 0.1
@@ -163,25 +162,6 @@ def _heap_fix(a, heap, pos, n, head, key):
     return n
 
 
-def min_ms_per_token(step_coef, max_loras: int, max_rank: int, max_batched_tokens: int) -> float:
-    """A lower bound on the step time per scheduled token (ms), or 0 when none holds.
-
-    Every step of ``tok >= 1`` tokens (``tok <= max_batched_tokens`` = B, at least one sequence,
-    and with LoRA at least one distinct adapter and ``tiles >= tok / LORA_TILE``) lasts, by the
-    step-time formula with every coefficient >= 0 and the adapter loads >= 0, at least
-    alpha + beta * tok >= tok * (beta + alpha / B), with alpha = c0 + c2 + m (c4 + c5 A + c7)
-    and beta = c1 + m (c6 A / 1000 + c8 / LORA_TILE). A negative coefficient voids the bound."""
-    c = np.asarray(step_coef, np.float64)
-    if (c < 0).any() or max_batched_tokens < 1:
-        return 0.0
-    alpha, beta = c[0] + c[2], c[1]
-    if max_loras > 0:
-        m = 1.0 + c[10] * max(float(max_rank) - 8.0, 0.0) * 0.125
-        alpha += m * (c[4] + c[5] * max_loras + c[7])
-        beta += m * (c[6] * max_loras * 1e-3 + c[8] / LORA_TILE)
-    return float(beta + alpha / max_batched_tokens)
-
-
 @njit(cache=True)
 def completed_tokens_bound(done_tokens, held_tokens, n_other, remaining_s, ms_per_token):
     """An upper bound on the input + output tokens of the requests completed inside the
@@ -213,7 +193,7 @@ def simulate_kernel(arrival, adapter, in_len, out_len, n_adapters, load_ms, acti
 
     Early stop (``stop_tokens > 0``): every ``DECIDE_EVERY`` steps the run ends once the input +
     output tokens it can still complete inside the window are bounded below ``stop_tokens``
-    (:func:`completed_tokens_bound`, with ``ms_per_token`` from :func:`min_ms_per_token`); then
+    (:func:`completed_tokens_bound`, with ``ms_per_token`` from :func:`twin.step_time.min_ms_per_token`); then
     ``stats[ST_DECIDED_T]`` holds the time and ``stats[ST_TOKENS_BOUND]`` the bound.
     """
     n_req = arrival.shape[0]

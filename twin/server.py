@@ -16,6 +16,7 @@ from .lengths import LengthModel, default_lengths
 from .metrics import RunMetrics, compute_metrics, memory_error_metrics, realised_offered_tps
 from .profile import GpuProfile
 from .slo import Slo
+from .step_time import min_ms_per_token
 from .workload import (Adapter, ArrivalProcess, PoissonArrivals, Requests, generate_requests,
                        offered_token_rate)
 
@@ -141,7 +142,7 @@ def run_kernel(profile: GpuProfile, adapters: Sequence[Adapter], requests: Reque
     hist = np.zeros(K.ITL_HIST_BINS, np.int64)
     budget = config.max_num_batched_tokens or profile.max_num_batched_tokens
     coef = profile.step_coef_array()
-    ms_per_token = K.min_ms_per_token(coef, config.max_loras, max_rank, budget)
+    ms_per_token = min_ms_per_token(coef, config.max_loras, max_rank, budget)
     if ms_per_token <= 0.0:
         stop_tokens = 0.0
     t0 = time.perf_counter()

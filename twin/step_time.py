@@ -66,6 +66,9 @@ N_LINEAR = 11  # c0..c9 and c11 enter linearly; c10 (rank_scale) and c12 (knee) 
 LINEAR_IDX = tuple(range(10)) + (11,)
 
 
+LORA_TILE = 16           # tokens per LoRA kernel tile (Triton BLOCK_M) for the tile count
+
+
 @njit(cache=True)
 def step_time_ms(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_distinct,
                  max_loras, max_rank, n_waiting, n_tiles):
@@ -87,6 +90,25 @@ def step_time_ms(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_
               + coef[7] * k + coef[8] * float(n_tiles))
         t += m * lo + coef[9] * float(n_waiting) * 1e-3
     return t
+
+
+def min_ms_per_token(step_coef, max_loras: int, max_rank: int, max_batched_tokens: int) -> float:
+    """A lower bound on the step time per scheduled token (ms), or 0 when none holds.
+
+    Every step of ``tok >= 1`` tokens (``tok <= max_batched_tokens`` = B, at least one sequence,
+    and with LoRA at least one distinct adapter and ``tiles >= tok / LORA_TILE``) lasts, by the
+    step-time formula with every coefficient >= 0 and the adapter loads >= 0, at least
+    alpha + beta * tok >= tok * (beta + alpha / B), with alpha = c0 + c2 + m (c4 + c5 A + c7)
+    and beta = c1 + m (c6 A / 1000 + c8 / LORA_TILE). A negative coefficient voids the bound."""
+    c = np.asarray(step_coef, np.float64)
+    if (c < 0).any() or max_batched_tokens < 1:
+        return 0.0
+    alpha, beta = c[0] + c[2], c[1]
+    if max_loras > 0:
+        m = 1.0 + c[10] * max(float(max_rank) - 8.0, 0.0) * 0.125
+        alpha += m * (c[4] + c[5] * max_loras + c[7])
+        beta += m * (c[6] * max_loras * 1e-3 + c[8] / LORA_TILE)
+    return float(beta + alpha / max_batched_tokens)
 
 
 def step_time_ms_py(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_distinct,
