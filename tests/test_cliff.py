@@ -103,7 +103,8 @@ def test_p99_comes_from_the_slo_judgement(sixteen):
                          max_loras_points=[1, 16], adapters_sweep=False)
     q = no_slo.point(1)
     assert q.slo_met is None and math.isfinite(q.p99_ttft_ms)   # completed requests only
-    assert no_slo.point(16).p99_itl_ms == pytest.approx(sixteen.point(16).p99_itl_ms, rel=0.05)
+    # the SLO judges the client's gaps (engine + delivery delays), the plain run the engine's
+    assert sixteen.point(16).p99_itl_ms > no_slo.point(16).p99_itl_ms
 
 
 def test_plot_writes_a_png(sixteen, tmp_path):

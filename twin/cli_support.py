@@ -49,8 +49,10 @@ class CliError(ValueError):
 
 SLO_HELP = ("latency SLO every GPU must meet in the twin, besides the throughput rule: "
             "NAME=MS pairs among ttft_p99_ms, itl_p99_ms, ttft_mean_ms, e2e_p99_ms, with "
-            "optional attainment=0.99 (the quantile the p99 bounds apply at) and warmup_s=60 "
-            "(s excluded from judgement), e.g. --slo ttft_p99_ms=500,itl_p99_ms=100")
+            "optional attainment=0.99 (the quantile the p99 bounds apply at), warmup_s=60 "
+            "(s excluded from judgement) and latency=client (what a benchmark client sees: the "
+            "engine plus the fitted API-server latency tail; latency=engine: the engine's step "
+            "times alone), e.g. --slo ttft_p99_ms=500,itl_p99_ms=100")
 
 
 def slo_argument(text: str | None, option: str = "--slo"):

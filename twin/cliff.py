@@ -20,8 +20,9 @@ Every point replays the same seeded workload draw of its adapters (``simulate_se
 ``seed``), so a sweep is deterministic; the server's ``--max-lora-rank`` is the mix's largest
 rank throughout. A point records throughput, offered load (the tokens that arrived), the 90 %
 rule, p99 TTFT and p99 ITL (from the SLO judgement, ``RunMetrics.slo["observed"]``, for the
-bounds an :class:`~twin.slo.Slo` states: there an unserved request counts as an infinite TTFT;
-otherwise from the run's p99 over completed requests), whether the SLO is met and the mean
+bounds an :class:`~twin.slo.Slo` states: there an unserved request counts as an infinite TTFT
+and, by default, the latencies are the client's, ``twin.slo``; otherwise the engine's p99 over
+completed requests), whether the SLO is met and the mean
 number of distinct adapters per engine step against the slots.
 
 **The recommendation** (:func:`recommend`): among the accepted points of sweep (a) — no memory

@@ -43,8 +43,8 @@ engine (a constant delivery offset and a delivery delay of the first token move 
 token alike, so TPOT is unchanged; a delay followed by a catch-up leaves the total decode time,
 hence the mean ITL, as it was). The model is opt-in: ``twin.metrics.compute_metrics(...,
 adapter=, latency_tail=)`` applies it (``experiments.twin_fidelity`` does, with
-:func:`latency_tail_for`); ``simulate_server`` and the SLO judgement (``twin.slo``) still report
-the engine's latencies. Profiles without fitted constants (``latency_tail.json`` beside the
+:func:`latency_tail_for`); ``simulate_server`` reports the engine's latencies, while an SLO is
+judged on the client's by default (``twin.slo``, ``Slo.latency``). Profiles without fitted constants (``latency_tail.json`` beside the
 profiles has no entry for them) give ``None`` and the plain computation.
 
 Refit (writes ``twin/profiles/latency_tail.json``)::

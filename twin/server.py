@@ -207,6 +207,15 @@ def _power_of_run(m: RunMetrics, profile: GpuProfile, config: ServerConfig, run:
     return with_energy(m, rp.gpu_busy_frac, rp.avg_power_w, int(requests.output_len[done].sum()))
 
 
+def _slo_tail(profile: GpuProfile, config: ServerConfig):
+    """The client-side latency constants a client-view SLO is judged with (``twin.slo``):
+    the profile's fitted ``twin.latency_tail`` constants, None without an SLO or constants."""
+    if config.slo is None or config.slo.latency != "client":
+        return None
+    from .latency_tail import latency_tail_for
+    return latency_tail_for(profile)
+
+
 def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests: Requests,
                       config: ServerConfig, duration_s: float, offered_tps: float | None = None,
                       stop_below: float | None = None) -> RunMetrics:
@@ -237,7 +246,7 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
                         run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
                         run.kv_blocks, profile.block_size, config.starvation_threshold,
                         None if decided else config.slo, adapter=requests.adapter,
-                        adapter_count=len(adapters))
+                        adapter_count=len(adapters), slo_tail=_slo_tail(profile, config))
     if decided:
         m = replace(m, throughput_tps=float(run.stats[K.ST_TOKENS_BOUND]) / duration_s,
                     starved=True, decided_at_s=float(run.stats[K.ST_DECIDED_T]))

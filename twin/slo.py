@@ -22,6 +22,15 @@ Definitions (what a client would measure over the window):
   it has waited until the window's end (a lower bound on its TTFT: the mean is then a lower
   bound too, and any unserved request already fails the percentile bounds).
 
+Whose latencies: by default (``latency="client"``) a bound is judged on what a benchmark client
+sees — the engine's times plus the profile's fitted client-side latency
+(``twin.latency_tail``: the API server's per-request TTFT latency, each adapter's cold start on
+its first request, token delivery delays on the gaps), the same model whose p99 TTFT / ITL
+``experiments.twin_fidelity`` validates against the real runs; a profile without fitted constants
+is judged on the engine's times. ``latency="engine"`` judges the scheduler's step times alone.
+With the client view TTFT and E2E gain each request's client-side offset, and the ITL quantile
+is that of the observed gaps (``latency_tail.itl_quantiles_ms``, at the attainment level).
+
 ``score`` is the smallest bound / observed ratio over the stated bounds (>= 1: met; where a
 quantile falls on unserved requests, the share of requests within the bound over the share
 required), which an Amax search maximises together with the throughput score. ``goodput_rps``: judged requests
@@ -42,6 +51,7 @@ from . import kernel as K
 SLO_BOUNDS: tuple[str, ...] = ("ttft_p99_ms", "itl_p99_ms", "ttft_mean_ms", "e2e_p99_ms")
 DEFAULT_ATTAINMENT = 0.99
 DEFAULT_WARMUP_S = 60.0
+LATENCY_VIEWS = ("client", "engine")    # Slo.latency: a benchmark client's view, or the engine's
 
 
 @dataclass(frozen=True)
@@ -55,8 +65,12 @@ class Slo:
     e2e_p99_ms: float | None = None
     attainment: float = DEFAULT_ATTAINMENT
     warmup_s: float = DEFAULT_WARMUP_S
+    latency: str = "client"
 
     def __post_init__(self) -> None:
+        if self.latency not in LATENCY_VIEWS:
+            raise ValueError(f"slo.latency: one of {', '.join(LATENCY_VIEWS)} (whose latencies "
+                             f"are judged), got {self.latency!r}")
         for name in SLO_BOUNDS:
             v = getattr(self, name)
             if v is None:
@@ -89,7 +103,8 @@ class Slo:
         """``ttft_p99<=500ms itl_p99<=100ms (99 % of requests, after a 60 s warm-up)``."""
         q = f"{100 * self.attainment:g}"
         parts = [f"{n[:-3].replace('_p99', f'_p{q}')}<={v:g}ms" for n, v in self.bounds().items()]
-        return f"{' '.join(parts)} (after a {self.warmup_s:g} s warm-up)"
+        view = "" if self.latency == "client" else ", engine latencies"
+        return f"{' '.join(parts)} (after a {self.warmup_s:g} s warm-up{view})"
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -99,8 +114,8 @@ class Slo:
         """An SLO from its JSON object; unknown keys and bad values name the field."""
         if not isinstance(d, Mapping):
             raise ValueError(f"{where}: must be an object with any of {', '.join(SLO_BOUNDS)}, "
-                             f"attainment, warmup_s; got {d!r}")
-        known = set(SLO_BOUNDS) | {"attainment", "warmup_s"}
+                             f"attainment, warmup_s, latency; got {d!r}")
+        known = set(SLO_BOUNDS) | {"attainment", "warmup_s", "latency"}
         bad = sorted(set(d) - known)
         if bad:
             raise ValueError(f"{where}: unknown field(s) {bad} (known: {', '.join(sorted(known))})")
@@ -113,14 +128,18 @@ class Slo:
 
     @classmethod
     def parse(cls, text: str, where: str = "--slo") -> "Slo":
-        """``ttft_p99_ms=500,itl_p99_ms=100[,attainment=0.99][,warmup_s=60]`` (a CLI value)."""
-        d: dict[str, float] = {}
+        """``ttft_p99_ms=500,itl_p99_ms=100[,attainment=0.99][,warmup_s=60][,latency=engine]``
+        (a CLI value)."""
+        d: dict[str, Any] = {}
         for part in (p.strip() for p in str(text).split(",")):
             if not part:
                 continue
             name, eq, value = part.partition("=")
             if not eq:
                 raise ValueError(f"{where}: '{part}' is not NAME=VALUE (e.g. ttft_p99_ms=500)")
+            if name.strip() == "latency":
+                d["latency"] = value.strip()
+                continue
             try:
                 d[name.strip()] = float(value)
             except ValueError:
@@ -179,14 +198,28 @@ def hist_quantile_upper(hist: np.ndarray, q: float) -> float:
 
 def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: np.ndarray,
                  itl_hist: np.ndarray, duration_s: float, adapter: np.ndarray | None = None,
-                 n_adapters: int | None = None) -> SloResult:
+                 n_adapters: int | None = None, tail=None,
+                 stats: np.ndarray | None = None) -> SloResult:
     """Judge one run (the kernel's per-request first-token and finish times, -1 when none);
-    with ``adapter`` (each request's adapter index, < ``n_adapters``) also per adapter."""
+    with ``adapter`` (each request's adapter index, < ``n_adapters``) also per adapter. With
+    ``tail`` (a ``twin.latency_tail.LatencyTail``; needs the run's kernel ``stats``) and
+    ``slo.latency == "client"``, the client's latencies (module docstring)."""
+    offset = np.zeros(len(arrival))
+    itl_q = None
+    if tail is not None and stats is not None and slo.latency == "client":
+        from .latency_tail import batch_adapters, itl_quantiles_ms, run_features, ttft_offsets_ms
+        running, served, first = run_features(arrival, adapter, stats, duration_s)
+        offset = ttft_offsets_ms(tail, running, served, first) / 1000.0
+        if slo.itl_p99_ms is not None:
+            itl_q = itl_quantiles_ms(tail, itl_hist, running, served, qs=(slo.attainment,),
+                                     active=batch_adapters(stats),
+                                     waiting=float(stats[K.ST_MAX_WAITING]))[0]
     judged = (arrival >= slo.warmup_s) & (arrival < duration_s)
     n = int(judged.sum())
     a = arrival[judged]
-    f = first_t[judged]
-    e = finish_t[judged]
+    # a client sees the first and the last token later by the request's offset
+    f = np.where(first_t[judged] >= 0, first_t[judged] + offset[judged], first_t[judged])
+    e = np.where(finish_t[judged] >= 0, finish_t[judged] + offset[judged], finish_t[judged])
     has_first = (f >= 0) & (f <= duration_s)
     done = (e >= 0) & (e <= duration_s)
     ttft = (f[has_first] - a[has_first]) * 1000.0
@@ -208,7 +241,8 @@ def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: n
             waited = np.where(has_first, (f - a) * 1000.0, (duration_s - a) * 1000.0)
             observed[name] = float(waited.mean()) if n else float("nan")
         elif name == "itl_p99_ms":
-            observed[name] = hist_quantile_upper(itl_hist, slo.attainment)
+            observed[name] = (hist_quantile_upper(itl_hist, slo.attainment) if itl_q is None
+                              else float(itl_q))
     # a bound with nothing to judge (no request, no gap) is met: there is no client to disappoint
     met = {k: math.isnan(v) or v <= bounds[k] for k, v in observed.items()}
     # bound / observed; where the quantile falls on unserved requests (inf), the share within
