@@ -31,7 +31,9 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-CHUNK_S = 0.1               # wall time per compiled call (the deadline and Ctrl-C are seen between)
+CHUNK_MAX = 10_000          # search steps per compiled call (about 0.1 s here; the deadline and
+                            # Ctrl-C are seen between calls). A fixed schedule, not a timed one:
+                            # the calls' boundaries shape the search, so the clock must not
 TENURE = (3, 12)            # tabu tenure range, in iterations
 REFILL_EVERY = 20           # iterations between two refill passes over every bin
 
@@ -312,9 +314,11 @@ def tabu_run(w, cap, K, bin_items, bin_cnt, load, s_items, s_cnt_arr, tabu_until
 
 
 def pack_into(weights: Sequence[int], capacity: int, target: int, deadline: float,
-              seed: int = 0) -> list[list[int]] | None:
+              seed: int = 0, max_iters: int | None = None) -> list[list[int]] | None:
     """Item indices per bin of a packing into at most ``target`` bins, found before the
-    ``time.perf_counter()`` ``deadline``; None when none was found (no proof of anything)."""
+    ``time.perf_counter()`` ``deadline`` (and within ``max_iters`` search steps, when given: a
+    budget that does not depend on the machine's speed); None when none was found (no proof of
+    anything). The search path depends on ``seed`` only, never on the clock."""
     w = np.asarray(weights, np.int64)
     n = len(w)
     if n == 0:
@@ -345,12 +349,12 @@ def pack_into(weights: Sequence[int], capacity: int, target: int, deadline: floa
     rng = np.array([(seed * 2654435761 + 12345) % (1 << 32) or 1], np.int64)
     best_s = np.array([int(w[rest].sum())], np.int64)
     it, chunk = 0, 100
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
+    while time.perf_counter() < deadline and (max_iters is None or it < max_iters):
+        if max_iters is not None:
+            chunk = max(1, min(chunk, int(max_iters) - it))
         it, found = tabu_run(w, capacity, K, bin_items, bin_cnt, load, s_items, s_cnt,
                              tabu_until, it, chunk, rng, best_s)
-        spent = time.perf_counter() - t0
-        chunk = max(10, min(chunk * 4, int(chunk * CHUNK_S / max(spent, 1e-6))))
+        chunk = min(chunk * 4, CHUNK_MAX)
         if found:
             split = two_bin_split(list(w), [int(i) for i in s_items[:s_cnt[0]]], capacity)
             if split is None:               # cannot happen: the compiled check said it splits
