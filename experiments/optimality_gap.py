@@ -75,7 +75,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
     from optim.exact.bounds import lower_bounds
     from optim.exact.capacity import build_problem
     from optim.exact.cpsat import solve_cpsat
-    from optim.feasibility import lora_gpu_lower_bound
+    from optim.feasibility import lora_gpu_lower_bound, raise_bound_to
     from optim.instance import load_instance
     from optim.methods import MethodOptions, method_names, solve
 
@@ -118,7 +118,9 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
         row["exact_agree"] = len(set(proven)) <= 1
         accepted = [row[f"{m}_gpus"] for m in ("milp", "cpsat", *heur)
                     if row.get(f"{m}_verdict") == "accepted" and row.get(f"{m}_gpus")]
-        row["twin_lb"] = _twin_bound(inst, row["twin_lb"], accepted, duration, workers)
+        if accepted:    # the certificate's exclusions, where the fewest are one above the bound
+            row["twin_lb"] = raise_bound_to(inst, row["twin_lb"], min(accepted), duration,
+                                            workers)
         row["twin_optimal"] = bool(accepted) and min(accepted) == row["twin_lb"]
         ref = row["proven_optimum"] if proven else row["lower_bound"]
         for m in ("milp", "cpsat", *heur):
@@ -142,18 +144,6 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
                      "cpsat_verdict": None})
     paper = paper_rows(quick, duration, workers) if "paper" in parts else []
     return finish(rows, heur, out_dir, json_out, quick, time_limit, duration, paper)
-
-
-def _twin_bound(inst, lb: int, accepted: list[int], duration: float,
-                workers: int | None) -> int:
-    """The twin-sound bound ``lb`` raised by the certificate's exclusions
-    (``optim.feasibility.raise_bound_to``) when the fewest twin-accepted GPUs are one above it:
-    the same checks a method's "optimal in the twin" claim runs, so the study counts a point
-    proven in the twin's terms exactly when some method could claim it."""
-    from optim.feasibility import raise_bound_to
-    if accepted and min(accepted) == lb + 1:
-        return raise_bound_to(inst, lb, lb + 1, duration, workers)
-    return lb
 
 
 def paper_files(quick: bool) -> list[Path]:

@@ -269,8 +269,8 @@ def test_verify_reports_attainment_per_adapter():
 
 def test_client_view_adds_the_latency_tail_to_the_judgement():
     """The default SLO judges the client's latencies (engine + the profile's fitted latency
-    tail): TTFT and the gaps' p99 no lower than the engine's; ``latency="engine"`` gives the
-    engine's; a profile without fitted constants is judged on the engine's either way."""
+    tail): TTFT and the gaps' p99 above the engine's; ``latency="engine"`` gives the
+    engine's."""
     from twin.latency_tail import latency_tail_for
     from twin.server import ServerConfig, simulate_server
     from twin.workload import Adapter

@@ -55,7 +55,6 @@ N_STATS = ST_TOKENS_BOUND + 1
 
 DECIDE_EVERY = 64        # steps between two checks of the early-stop bound
 
-
 ITL_HIST_BINS = 4000
 ITL_HIST_LO_MS = 0.1
 ITL_HIST_DECADES = 8.0   # bins cover 0.1 ms .. 1e7 ms, log-spaced

@@ -229,12 +229,28 @@ def observed_gap_quantile(hist: np.ndarray, q: float, p: float, mu: float) -> fl
     return float(np.sqrt(lo * hi))
 
 
-def itl_quantiles_ms(tail: LatencyTail, hist: np.ndarray, running: float, adapters: float,
-                     qs=(0.5, 0.99), active: float | None = None,
-                     waiting: float | None = None) -> tuple[float, ...]:
-    """Quantiles of the gaps the client sees, from the engine's ITL histogram."""
-    mu = tail.delay_mean_ms(running, adapters, active, waiting)
-    return tuple(observed_gap_quantile(hist, q, tail.itl_delay_prob, mu) for q in qs)
+@dataclass(frozen=True)
+class ClientView:
+    """One run as a benchmark client sees it: each request's client-side TTFT offset (ms, also
+    moving its last token) and the mean delivery delay of a delayed token."""
+
+    tail: LatencyTail
+    offsets_ms: np.ndarray
+    delay_mean_ms: float
+
+    def itl_quantiles_ms(self, hist: np.ndarray, qs=(0.5, 0.99)) -> tuple[float, ...]:
+        """Quantiles of the gaps the client sees, from the engine's ITL histogram."""
+        return tuple(observed_gap_quantile(hist, q, self.tail.itl_delay_prob, self.delay_mean_ms)
+                     for q in qs)
+
+
+def client_view(tail: LatencyTail, arrival: np.ndarray, adapter: np.ndarray | None,
+                stats: np.ndarray, duration_s: float) -> ClientView:
+    """The :class:`ClientView` of one run from the kernel's outputs (module docstring)."""
+    running, n_adapters, first = run_features(arrival, adapter, stats, duration_s)
+    return ClientView(tail, ttft_offsets_ms(tail, running, n_adapters, first),
+                      tail.delay_mean_ms(running, n_adapters, batch_adapters(stats),
+                                         float(stats[K.ST_MAX_WAITING])))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,13 +165,12 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     n_gaps = float((out_len[multi] - 1).sum())
     mean_itl = 1000.0 * gaps / n_gaps if n_gaps > 0 else float("nan")
     ttft = (first_t[done] - arrival[done]) * 1000.0
+    view = None
     if latency_tail is not None:
-        from .latency_tail import batch_adapters, itl_quantiles_ms, run_features, ttft_offsets_ms
-        running, n_adapters, first = run_features(arrival, adapter, stats, duration_s)
-        ttft = ttft + ttft_offsets_ms(latency_tail, running, n_adapters, first[done])
-        p50_itl, p99_itl = itl_quantiles_ms(latency_tail, itl_hist, running, n_adapters,
-                                            active=batch_adapters(stats),
-                                            waiting=float(stats[K.ST_MAX_WAITING]))
+        from .latency_tail import client_view
+        view = client_view(latency_tail, arrival, adapter, stats, duration_s)
+        ttft = ttft + view.offsets_ms[done]
+        p50_itl, p99_itl = view.itl_quantiles_ms(itl_hist)
     else:
         p50_itl, p99_itl = _hist_quantile(itl_hist, 0.5), _hist_quantile(itl_hist, 0.99)
     if n_done:
@@ -185,6 +184,9 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         p50_tpot, p99_tpot = (float(x) for x in np.percentile(tpot, [50, 99]))
     else:
         mean_tpot = p50_tpot = p99_tpot = float("nan")
+    if slo is not None and slo_tail is not None and slo_tail is not latency_tail:
+        from .latency_tail import client_view
+        view = client_view(slo_tail, arrival, adapter, stats, duration_s)
     n_unfinished = n_arrived - n_done
     ttft_paper = ((float(ttft.sum()) + n_unfinished * duration_s * 1000.0) / n_arrived
                   if n_arrived else float("nan"))
@@ -222,6 +224,5 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         kv_capacity_tokens=kv_blocks * block_size,
         slo=(None if slo is None else
              evaluate_slo(slo, arrival, first_t, finish_t, itl_hist, duration_s, adapter,
-                          adapter_count, tail=slo_tail if slo_tail is not None else latency_tail,
-                          stats=stats).to_dict()),
+                          adapter_count, client=view).to_dict()),
     )

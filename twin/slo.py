@@ -29,7 +29,7 @@ its first request, token delivery delays on the gaps), the same model whose p99 
 ``experiments.twin_fidelity`` validates against the real runs; a profile without fitted constants
 is judged on the engine's times. ``latency="engine"`` judges the scheduler's step times alone.
 With the client view TTFT and E2E gain each request's client-side offset, and the ITL quantile
-is that of the observed gaps (``latency_tail.itl_quantiles_ms``, at the attainment level).
+is that of the observed gaps (``latency_tail.ClientView``, at the attainment level).
 
 ``score`` is the smallest bound / observed ratio over the stated bounds (>= 1: met; where a
 quantile falls on unserved requests, the share of requests within the bound over the share
@@ -198,22 +198,17 @@ def hist_quantile_upper(hist: np.ndarray, q: float) -> float:
 
 def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: np.ndarray,
                  itl_hist: np.ndarray, duration_s: float, adapter: np.ndarray | None = None,
-                 n_adapters: int | None = None, tail=None,
-                 stats: np.ndarray | None = None) -> SloResult:
+                 n_adapters: int | None = None, client=None) -> SloResult:
     """Judge one run (the kernel's per-request first-token and finish times, -1 when none);
     with ``adapter`` (each request's adapter index, < ``n_adapters``) also per adapter. With
-    ``tail`` (a ``twin.latency_tail.LatencyTail``; needs the run's kernel ``stats``) and
-    ``slo.latency == "client"``, the client's latencies (module docstring)."""
+    ``client`` (the run's ``twin.latency_tail.ClientView``) and ``slo.latency == "client"``,
+    the client's latencies (module docstring)."""
     offset = np.zeros(len(arrival))
     itl_q = None
-    if tail is not None and stats is not None and slo.latency == "client":
-        from .latency_tail import batch_adapters, itl_quantiles_ms, run_features, ttft_offsets_ms
-        running, served, first = run_features(arrival, adapter, stats, duration_s)
-        offset = ttft_offsets_ms(tail, running, served, first) / 1000.0
+    if client is not None and slo.latency == "client":
+        offset = client.offsets_ms / 1000.0
         if slo.itl_p99_ms is not None:
-            itl_q = itl_quantiles_ms(tail, itl_hist, running, served, qs=(slo.attainment,),
-                                     active=batch_adapters(stats),
-                                     waiting=float(stats[K.ST_MAX_WAITING]))[0]
+            itl_q = client.itl_quantiles_ms(itl_hist, (slo.attainment,))[0]
     judged = (arrival >= slo.warmup_s) & (arrival < duration_s)
     n = int(judged.sum())
     a = arrival[judged]
