@@ -73,6 +73,7 @@ LP_BOUND_MAX_PAIRS = 20_000     # (adapter, GPU slot) pairs up to which the assi
 BUILD_PAIRS_PER_S = {"milp": 2_500, "cpsat": 4_000}
 DIVE_SHARE = {"milp": 0.5, "cpsat": 0.8}   # of the time left, for the arc-flow LP dive
 TABU_SHARE = 0.25       # of the time left, for each packing search into a proven bound
+COLGEN_SHARE = 0.7      # of the time left, for the column-generation bound and dive
 CUT_MODES = ("capacity", "exact", "superset")
 
 
@@ -306,7 +307,16 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
         t0 = time.perf_counter()
         best = _tabu_start(P, G, P.gpu_lower_bound, best, deadline, TABU_SHARE, info)
         if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0, "bounds")
+            return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0, "bounds",
+                                   "tabu search")
+        # one bin kind: column generation's exact bound and a dive for a packing into it
+        t0 = time.perf_counter()
+        cg_lb, best = _colgen_start(P, G, best, deadline, COLGEN_SHARE, info)
+        if cg_lb > P.gpu_lower_bound:
+            P = replace(P, gpu_lower_bound=cg_lb)
+        if _meets(P, best, P.gpu_lower_bound):
+            return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0,
+                                   "column generation", "column-generation dive")
         # CP-SAT seldom finds an exactly-full packing by itself (triplets); HiGHS' MIP does,
         # so the dive gets most of the time before cpsat and half of it before milp
         share = DIVE_SHARE[solver]
@@ -330,7 +340,8 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
             t0 = time.perf_counter()
             best = _tabu_start(P, G, lb, best, deadline, TABU_SHARE, info)
             if _meets(P, best, lb):
-                return _packing_result(solver, G, best[1], lb, t0, "the arc-flow LP")
+                return _packing_result(solver, G, best[1], lb, t0, "the arc-flow LP",
+                                       "tabu search")
         if best is not None:
             hint = arcflow.hint_flows(G, P, best[1])
         fn = arcflow.solve_arcflow_milp if solver == "milp" else arcflow.solve_arcflow_cpsat
@@ -359,18 +370,50 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
               split_hint=split_hint)
 
 
+def _one_bin_kind(P: PackingProblem, G):
+    """The graph's only bin kind when ``P`` is classical bin packing (gpus objective, one kind
+    that accepts every adapter), else None."""
+    if P.objective != "gpus" or len(G.kinds) != 1:
+        return None
+    kind = G.kinds[0]
+    cfg = P.types[kind.type_index].configs[kind.config_index]
+    return None if any(r > cfg.rank for r in P.ranks) else kind
+
+
+def _colgen_start(P: PackingProblem, G, best, deadline: float, share: float,
+                  info: dict[str, Any]) -> tuple[int, Any]:
+    """(bound, best) for classical bin packing (``_one_bin_kind``): column generation's exact
+    Farley bound (``colgen``) and, when ``best`` is above it, a limited-discrepancy dive for a
+    packing into it, within ``share`` of the time left (recorded in ``info``). Elsewhere
+    (0, ``best``)."""
+    from .colgen import colgen_dive
+    kind = _one_bin_kind(P, G)
+    if kind is None:
+        return 0, best
+    t0 = time.perf_counter()
+    weights = [w // G.divisor for w in P.loads]
+    r = colgen_dive(weights, kind.cap, t0 + share * max(0.0, deadline - t0),
+                    known_bound=P.gpu_lower_bound,
+                    incumbent=None if best is None else int(solution_value(P, best[1])))
+    lb = r.lower_bound or 0
+    info["colgen"] = {"bound": lb, "lp": None if r.lp_value is None else round(r.lp_value, 6),
+                      "found": r.bins is not None, "nodes": r.nodes, "columns": r.columns,
+                      "wall_s": round(r.wall_s, 3)}
+    if r.bins is None:
+        return lb, best
+    info["start"] = "colgen-dive"
+    return lb, ("colgen-dive", [(kind.type_index, sorted(b)) for b in r.bins if b])
+
+
 def _tabu_start(P: PackingProblem, G, target: int, best, deadline: float, share: float,
                 info: dict[str, Any]):
     """``best`` or, when the problem is one bin kind that accepts every adapter (classical bin
     packing) and ``best`` uses more than ``target`` GPUs, a packing into ``target`` bins found
     by ``bpp_search.pack_into`` within ``share`` of the time left (recorded in ``info``)."""
     from .bpp_search import pack_into
-    if (P.objective != "gpus" or len(G.kinds) != 1 or target < 1
+    kind = _one_bin_kind(P, G)
+    if (kind is None or target < 1
             or (best is not None and solution_value(P, best[1]) <= target)):
-        return best
-    kind = G.kinds[0]
-    cfg = P.types[kind.type_index].configs[kind.config_index]
-    if any(r > cfg.rank for r in P.ranks):
         return best
     t0 = time.perf_counter()
     until = t0 + share * max(0.0, deadline - t0)
@@ -388,15 +431,17 @@ def _meets(P: PackingProblem, best, bound: int) -> bool:
     return P.objective == "gpus" and best is not None and solution_value(P, best[1]) <= bound
 
 
-def _packing_result(solver: str, G, sol, bound: int, t0: float, source: str) -> SolveResult:
+def _packing_result(solver: str, G, sol, bound: int, t0: float, source: str, found_by: str
+                    ) -> SolveResult:
     """An optimal ``SolveResult`` for a one-kind packing ``sol`` that meets a proven bound
-    (nothing is left for the model to find)."""
+    (nothing is left for the model to find); ``source`` names the bound, ``found_by`` the
+    search."""
     kind = G.kinds[0]
     gpus = tuple((kind.type_index, kind.config_index, tuple(sorted(items)))
                  for _, items in sol if items)
     return SolveResult(solver, "optimal", float(len(gpus)), float(bound),
                        time.perf_counter() - t0, gpus, True,
-                       {"termination": f"packing into the bound of {source} (tabu search)"})
+                       {"termination": f"packing into the bound of {source} ({found_by})"})
 
 
 def _pool_below(P: PackingProblem, starts) -> PackingProblem:

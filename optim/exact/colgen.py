@@ -1,0 +1,414 @@
+"""Column generation and diving for one-capacity bin packing (the cutting-stock view).
+
+Items of equal weight form a *type* ``j`` (weight ``w_j``, demand ``d_j``); a *pattern* ``a`` is
+a bin's content, ``a_j`` copies of type ``j`` with ``sum_j w_j a_j <= C``. The Gilmore–Gomory
+relaxation
+
+    min  sum_p x_p    s.t.  sum_p a_jp x_p >= d_j  (every type j),   x_p >= 0
+
+is solved by column generation: the restricted master LP (HiGHS) over the patterns found so far
+gives duals ``pi >= 0``; the pricing problem, a bounded knapsack
+``max sum_j pi_j a_j  s.t.  sum_j w_j a_j <= C, 0 <= a_j <= d_j`` (``price``, exact dynamic
+programme), returns a pattern whose value exceeds 1 or shows that none exists.
+
+**Bound, exact in integer arithmetic.** For any ``y >= 0``, a packing into ``k`` bins has
+``y . d <= sum_bins y . a <= k max_a y . a``, so ``k >= y . d / max_a y . a`` (Farley). The
+duals are floored to integers ``y = floor(pi 2^30)`` and the knapsack is solved exactly on those
+integers, so the bound ``ceil(y . d / max_a y . a)`` holds whatever the LP's rounding. It is the
+LP optimum rounded up (up to ``n / 2^30``) once column generation converges, and it stops early
+once it meets the rounded-up LP value.
+
+**Diving** (Sadykov, Vanderbeck, Pessoa, Tahiri & Uchoa 2019): fix a pattern whose LP value is
+closest to a positive integer, take its items out, re-solve the residual relaxation and repeat;
+a node whose fixed bins plus the residual bound exceed the target is abandoned. Limited
+discrepancy search revisits the first choices: a node may try the next ``D`` candidates, each
+one a discrepancy, forbidding the ones tried before it in its subtree. First-fit decreasing on
+the residual items closes a node early. A dive is exact for what it returns (every bin is
+checked); ``None`` says nothing about the target.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from numba import njit
+
+SCALE = 1 << 30             # duals in integer units for the exact Farley bound
+MAX_DISCREPANCY = 3         # limited discrepancy search: most discrepancies on one dive
+DISC_DEPTH = 1000           # ... taken only among a dive's first DISC_DEPTH choices
+EPS = 1e-9
+BIG = 64.0                  # master LP: cost of an artificial column (an item left uncovered)
+NO_PACKING = 1 << 40        # the bound when no packing of the asked kind exists
+
+
+@njit(cache=True)
+def _price_nb(weights, bound, values, cap):      # pragma: no cover - compiled
+    m = weights.shape[0]
+    # binary split of each type into 0-1 pieces of 1, 2, 4, ... copies
+    n_pieces = 0
+    for j in range(m):
+        b = min(bound[j], cap // weights[j]) if weights[j] > 0 else 0
+        k = 1
+        while b > 0:
+            n_pieces += 1
+            b -= min(k, b)
+            k *= 2
+    pt = np.empty(n_pieces, np.int64)
+    pc = np.empty(n_pieces, np.int64)
+    q = 0
+    for j in range(m):
+        b = min(bound[j], cap // weights[j]) if weights[j] > 0 else 0
+        k = 1
+        while b > 0:
+            c = min(k, b)
+            pt[q] = j
+            pc[q] = c
+            q += 1
+            b -= c
+            k *= 2
+    best = np.zeros(cap + 1, np.int64)
+    keep = np.zeros((n_pieces, cap + 1), np.bool_)
+    for q in range(n_pieces):
+        w = weights[pt[q]] * pc[q]
+        v = values[pt[q]] * pc[q]
+        if v <= 0:
+            continue
+        for c in range(cap, w - 1, -1):
+            if best[c - w] + v > best[c]:
+                best[c] = best[c - w] + v
+                keep[q, c] = True
+    a = np.zeros(m, np.int64)
+    c = cap
+    for q in range(n_pieces - 1, -1, -1):
+        if keep[q, c]:
+            a[pt[q]] += pc[q]
+            c -= weights[pt[q]] * pc[q]
+    return best[cap], a
+
+
+@njit(cache=True)
+def _price_full_nb(weights, bound, values, cap, min_load):     # pragma: no cover - compiled
+    m = weights.shape[0]
+    NEG = -(1 << 62)
+    best = np.full(cap + 1, NEG, np.int64)
+    best[0] = 0
+    n_pieces = 0
+    for j in range(m):
+        b = min(bound[j], cap // weights[j])
+        k = 1
+        while b > 0:
+            n_pieces += 1
+            b -= min(k, b)
+            k *= 2
+    keep = np.zeros((n_pieces, cap + 1), np.bool_)
+    pt = np.empty(n_pieces, np.int64)
+    pc = np.empty(n_pieces, np.int64)
+    q = 0
+    for j in range(m):
+        b = min(bound[j], cap // weights[j])
+        k = 1
+        while b > 0:
+            c = min(k, b)
+            pt[q] = j
+            pc[q] = c
+            w = weights[j] * c
+            v = values[j] * c
+            for cc in range(cap, w - 1, -1):
+                if best[cc - w] > NEG and best[cc - w] + v > best[cc]:
+                    best[cc] = best[cc - w] + v
+                    keep[q, cc] = True
+            q += 1
+            b -= c
+            k *= 2
+    c_best = -1
+    for cc in range(min_load, cap + 1):
+        if best[cc] > NEG and (c_best < 0 or best[cc] > best[c_best]):
+            c_best = cc
+    a = np.zeros(m, np.int64)
+    if c_best < 0:
+        return NEG, a, False
+    c = c_best
+    for q in range(n_pieces - 1, -1, -1):
+        if keep[q, c]:
+            a[pt[q]] += pc[q]
+            c -= weights[pt[q]] * pc[q]
+    return best[c_best], a, True
+
+
+def price_loaded(weights: np.ndarray, bound: np.ndarray, values: np.ndarray, cap: int,
+                 min_load: int) -> tuple[int, np.ndarray] | None:
+    """Like ``price`` over patterns whose load lies in ``min_load..cap``, values of any sign;
+    ``None`` when no such pattern exists."""
+    z, a, ok = _price_full_nb(np.asarray(weights, np.int64), np.asarray(bound, np.int64),
+                              np.asarray(values, np.int64), int(cap), int(min_load))
+    return (int(z), a) if ok else None
+
+
+def price(weights: np.ndarray, bound: np.ndarray, values: np.ndarray, cap: int
+          ) -> tuple[int, np.ndarray]:
+    """Exact bounded knapsack: the largest ``values . a`` over ``weights . a <= cap``,
+    ``0 <= a <= bound`` (integer values), and one ``a`` that reaches it."""
+    z, a = _price_nb(np.asarray(weights, np.int64), np.asarray(bound, np.int64),
+                     np.asarray(values, np.int64), int(cap))
+    return int(z), a
+
+
+def price_reference(weights: Sequence[int], bound: Sequence[int], values: Sequence[int],
+                    cap: int) -> int:
+    """``price``'s optimum by plain recursion over the copies of each type (tests)."""
+    m = len(weights)
+
+    def rec(j: int, room: int) -> int:
+        if j == m:
+            return 0
+        return max(k * values[j] + rec(j + 1, room - k * weights[j])
+                   for k in range(min(bound[j], room // weights[j]) + 1))
+    return rec(0, cap)
+
+
+@dataclass(frozen=True)
+class DiveResult:
+    """A column-generation bound and, when the dive met its target, a packing.
+
+    ``lower_bound``: the proven bound (the exact Farley bound at the root, ``known_bound``, or
+    one above a target the restricted relaxation excludes); ``lp_value``: the root master LP value; ``bins``: item indices per bin,
+    at most ``target`` bins, or ``None``; ``nodes``: dive nodes solved; ``columns``: patterns
+    generated."""
+
+    lower_bound: int
+    lp_value: float | None
+    bins: list[list[int]] | None
+    nodes: int
+    columns: int
+    wall_s: float
+
+
+class _Master:
+    """The restricted master LP over the patterns found so far (HiGHS, warm-started), with an
+    artificial column per type at cost ``BIG`` so that it stays feasible when patterns are
+    switched off (``restrict``)."""
+
+    def __init__(self, demand: np.ndarray, tw: np.ndarray):
+        import highspy
+        self.h = highspy.Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("threads", 1)
+        m = len(demand)
+        self.inf = highspy.kHighsInf
+        self.h.addRows(m, np.asarray(demand, float), np.full(m, self.inf), 0,
+                       np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        for j in range(m):
+            self.h.addCol(BIG, 0.0, self.inf, 1, np.array([j], np.int32), np.array([1.0]))
+        self.tw = tw
+        self.patterns: list[np.ndarray] = []
+        self.loads: list[int] = []
+        self.seen: set[bytes] = set()
+        self.min_load = 0
+
+    def add(self, a: np.ndarray) -> bool:
+        key = np.asarray(a, np.int64).tobytes()
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        idx = np.flatnonzero(a).astype(np.int32)
+        self.h.addCol(1.0, 0.0, self.inf, len(idx), idx, a[idx].astype(float))
+        self.patterns.append(np.asarray(a, np.int64))
+        self.loads.append(int(a @ self.tw))
+        return True
+
+    def set_demand(self, demand: np.ndarray) -> None:
+        m = len(demand)
+        self.h.changeRowsBounds(m, np.arange(m, dtype=np.int32), np.asarray(demand, float),
+                                np.full(m, self.inf))
+
+    def restrict(self, min_load: int) -> None:
+        """Switch off the patterns whose load is below ``min_load``."""
+        if min_load == self.min_load or not self.patterns:
+            self.min_load = min_load
+            return
+        self.min_load = min_load
+        n, m = len(self.patterns), len(self.tw)
+        up = np.where(np.asarray(self.loads) >= min_load, self.inf, 0.0)
+        self.h.changeColsBounds(n, np.arange(m, m + n, dtype=np.int32), np.zeros(n), up)
+
+    def solve(self) -> tuple[np.ndarray, np.ndarray, float]:
+        self.h.run()
+        sol = self.h.getSolution()
+        return (np.asarray(sol.col_value)[len(self.tw):],
+                np.maximum(np.asarray(sol.row_dual), 0.0),
+                float(self.h.getInfo().objective_function_value))
+
+
+class _Search:
+    """Column generation at dive nodes and the limited-discrepancy dive (module docstring)."""
+
+    def __init__(self, weights: Sequence[int], capacity: int, deadline: float):
+        w = np.asarray(weights, np.int64)
+        self.cap = int(capacity)
+        self.types, inv, counts = np.unique(-w, return_inverse=True, return_counts=True)
+        self.tw = -self.types                       # type weights, heaviest first
+        self.members = [list(np.flatnonzero(inv == j)) for j in range(len(self.tw))]
+        self.demand = counts.astype(np.int64)
+        self.deadline = deadline
+        self.master = _Master(self.demand, self.tw)
+        self.nodes = 0
+        self.root_excluded = False
+        for b in _ffd_types(self.tw, self.demand, self.cap):
+            self.master.add(b)
+
+    def timed_out(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+    def relax(self, demand: np.ndarray, slack: int | None = None, stop_at: int | None = None
+              ) -> tuple[int, np.ndarray, float]:
+        """Column generation on the residual ``demand``: (exact bound, valid at any iteration,
+        pattern values, master LP value). With ``slack``, only patterns whose waste is at most
+        ``slack`` count (those of a packing into ``(load + slack) / C`` bins), and the bound
+        is on such packings (``NO_PACKING`` when there is none). Stops once the bound reaches
+        ``stop_at`` or ceil(LP value)."""
+        min_load = 0 if slack is None else max(0, self.cap - slack)
+        self.master.set_demand(demand)
+        self.master.restrict(min_load)
+        lb = 0
+        while True:
+            x, pi, obj = self.master.solve()
+            y = np.floor(pi * SCALE).astype(np.int64)
+            y[demand == 0] = 0
+            got = price_loaded(self.tw, demand, y, self.cap, min_load) if min_load > 0 \
+                else price(self.tw, demand, y, self.cap)
+            if got is None:                 # no bin takes a load in the range
+                return NO_PACKING, x, obj
+            z, a = got
+            yd = int(y @ demand)
+            if z > 0:
+                lb = max(lb, -(-yd // z))
+            elif yd > 0:
+                lb = NO_PACKING
+            if z <= SCALE or lb >= int(np.ceil(obj - 1e-6)) \
+                    or (stop_at is not None and lb >= stop_at):
+                return lb, x, obj
+            if self.timed_out() or not self.master.add(a):
+                return lb, x, obj
+
+    def slack(self, demand: np.ndarray, bins: int) -> int:
+        return bins * self.cap - int(self.tw @ demand)
+
+    def dive(self, target: int, max_disc: int, disc_depth: int) -> list[np.ndarray] | None:
+        """Patterns of at most ``target`` bins covering every item, or None; discrepancies
+        only in the first ``disc_depth`` choices of a dive. Sets ``root_excluded`` when the
+        root's relaxation shows that no packing into ``target`` bins exists."""
+        self.disc_depth = disc_depth
+        return self._node(self.demand.copy(), [], target, max_disc, set(), 0)
+
+    def _node(self, demand, fixed, target, disc, tabu, depth) -> list[np.ndarray] | None:
+        if self.timed_out():
+            return None
+        if demand.sum() == 0:
+            return fixed
+        ffd = _ffd_types(self.tw, demand, self.cap)
+        if len(fixed) + len(ffd) <= target:
+            return fixed + ffd
+        slack = self.slack(demand, target - len(fixed))
+        if slack < 0:
+            return None
+        self.nodes += 1
+        lb, x, _ = self.relax(demand, slack, stop_at=target - len(fixed) + 1)
+        if len(fixed) + lb > target:
+            self.root_excluded |= depth == 0
+            return None
+        cands = []
+        for p, v in enumerate(x):
+            if v > EPS and p not in tabu:
+                a = np.minimum(self.master.patterns[p], demand)
+                if a.any() and self.cap - int(a @ self.tw) <= slack:
+                    k = max(1, int(round(v)))
+                    cands.append((abs(v - k), -v, p, a, k))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        tried: set[int] = set()
+        width = disc + 1 if depth < self.disc_depth else 1
+        for i, (_, _, p, a, k) in enumerate(cands[:width]):
+            k = min(k, int(min(demand[a > 0] // a[a > 0])), target - len(fixed))
+            if k < 1:
+                continue
+            res = self._node(demand - k * a, fixed + [a] * k, target, disc - i, tabu | tried,
+                             depth + 1)
+            if res is not None:
+                return res
+            if self.timed_out():
+                return None
+            tried.add(p)
+        return None
+
+    def to_bins(self, patterns: list[np.ndarray]) -> list[list[int]]:
+        pools = [list(m) for m in self.members]
+        return [[pools[j].pop() for j in np.flatnonzero(a) for _ in range(int(a[j]))]
+                for a in patterns]
+
+
+def _ffd_types(tw: np.ndarray, demand: np.ndarray, cap: int) -> list[np.ndarray]:
+    """First-fit decreasing over types (heaviest first): one pattern per bin."""
+    loads: list[int] = []
+    bins: list[np.ndarray] = []
+    for j in range(len(tw)):
+        for _ in range(int(demand[j])):
+            for b, ld in enumerate(loads):
+                if ld + tw[j] <= cap:
+                    loads[b] += int(tw[j])
+                    bins[b][j] += 1
+                    break
+            else:
+                loads.append(int(tw[j]))
+                a = np.zeros(len(tw), np.int64)
+                a[j] = 1
+                bins.append(a)
+    return bins
+
+
+def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
+                known_bound: int = 0, incumbent: int | None = None,
+                max_discrepancy: int = MAX_DISCREPANCY) -> DiveResult:
+    """The root bound of ``weights`` in bins of ``capacity`` and, while ``incumbent`` (bins of
+    a packing already known) is above the target ``max(root bound, known_bound)``, a dive for
+    a packing into the target, by rounds of limited discrepancy search with 0, 1, ..
+    ``max_discrepancy`` discrepancies, until ``deadline`` (``time.perf_counter``). Where the
+    relaxation restricted to the target's slack excludes the target, the bound rises to it
+    plus one and the dive goes on there."""
+    t0 = time.perf_counter()
+    if not weights:
+        return DiveResult(0, 0.0, [], 0, 0, 0.0)
+    if max(weights) > capacity or min(weights) < 1:
+        raise ValueError("every weight must lie in 1..capacity")
+    s = _Search(weights, capacity, deadline)
+    lb, _, lp = s.relax(s.demand)
+    tgt = max(lb, known_bound)
+    bins = None
+    while bins is None and (incumbent is None or incumbent > tgt) and not s.timed_out():
+        s.root_excluded = False
+        for d in range(max_discrepancy + 1):
+            pats = s.dive(tgt, d, DISC_DEPTH)
+            if pats is not None:
+                bins = s.to_bins(pats)
+            if pats is not None or s.root_excluded or s.timed_out():
+                break
+        if not s.root_excluded:
+            break
+        lb = tgt = tgt + 1                  # no packing into tgt bins
+    if bins is not None:
+        assert all(sum(weights[i] for i in b) <= capacity for b in bins)
+        assert sorted(i for b in bins for i in b) == list(range(len(weights)))
+    return DiveResult(max(lb, known_bound), lp, bins, s.nodes, len(s.master.patterns),
+                      time.perf_counter() - t0)
+
+
+def excludes(weights: Sequence[int], capacity: int, k: int, deadline: float) -> bool:
+    """True when no packing of ``weights`` into ``k`` bins of ``capacity`` exists, shown by
+    the relaxation over the patterns such a packing may use (module docstring); False says
+    nothing."""
+    if not weights:
+        return False
+    s = _Search(weights, capacity, deadline)
+    slack = s.slack(s.demand, k)
+    return slack < 0 or s.relax(s.demand, slack, stop_at=k + 1)[0] > k
