@@ -67,7 +67,7 @@ def test_warm_start_from_first_fit_is_used_in_constant_mode(tmp_path):
     first/best-fit decreasing computed with it, and the start is used."""
     d = _solve(tmp_path, bpplib_instance("Falkenauer_t120_01"), "cpsat", 20)
     it = d["params"]["iterations"][0]
-    assert it["warm_start_used"] and it["start"] in ("ffd", "bfd", "lp-dive")
+    assert it["warm_start_used"] and it["start"] in ("ffd", "bfd", "lp-dive", "colgen-dive")
     assert set(d["params"]["starts"]) >= {"ffd"}
 
 

@@ -36,6 +36,8 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
+from .milp import highs_threads
+
 SCALE = 1 << 30             # duals in integer units for the exact Farley bound
 MAX_DISCREPANCY = 3         # limited discrepancy search: most discrepancies on one dive
 DISC_DEPTH = 1000           # ... taken only among a dive's first DISC_DEPTH choices
@@ -195,7 +197,8 @@ class _Master:
         import highspy
         self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
-        self.h.setOptionValue("threads", 1)
+        # one thread count per process (milp.highs_threads: HiGHS' pool is global)
+        self.h.setOptionValue("threads", highs_threads(None))
         m = len(demand)
         self.inf = highspy.kHighsInf
         self.h.addRows(m, np.asarray(demand, float), np.full(m, self.inf), 0,
