@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Sequence
 
-from .common import SolveResult, default_threads
+from .common import SolveResult, default_threads, highs_threads
 from .problem import PackingProblem
 
 MAX_NODES = 20_000          # per kind, after dividing by the common divisor
@@ -227,7 +227,6 @@ class _ArcFlowLp:
         import numpy as np
         import scipy.sparse as sp
 
-        from .milp import highs_threads
         self.G = G
         self.cols = [(k, a) for k, kind in enumerate(G.kinds) for a in range(len(kind.arcs))]
         self.first = []                       # first column of each kind
@@ -431,7 +430,6 @@ def solve_arcflow_milp(P: PackingProblem, G: ArcFlowGraph, time_limit_s: float,
     from pyomo.contrib.appsi.base import TerminationCondition as TC
     from pyomo.contrib.appsi.solvers import Highs
 
-    from .milp import highs_threads
     t0 = time.perf_counter()
     if G.uncovered():
         return SolveResult("milp", "infeasible", None, None, 0.0, (), False,

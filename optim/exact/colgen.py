@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from .milp import highs_threads
+from .common import highs_threads
 
 SCALE = 1 << 30             # duals in integer units for the exact Farley bound
 MAX_DISCREPANCY = 3         # limited discrepancy search: most discrepancies on one dive
@@ -197,7 +197,7 @@ class _Master:
         import highspy
         self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
-        # one thread count per process (milp.highs_threads: HiGHS' pool is global)
+        # one thread count per process (common.highs_threads: HiGHS' pool is global)
         self.h.setOptionValue("threads", highs_threads(None))
         m = len(demand)
         self.inf = highspy.kHighsInf

@@ -85,6 +85,19 @@ class SolveResult:
         return max(0.0, (self.objective - self.bound) / abs(self.objective))
 
 
+_HIGHS_THREADS: int | None = None
+
+
+def highs_threads(requested: int | None) -> int:
+    """HiGHS keeps one global thread pool per process and fails (status unknown) when a later
+    solve asks for a different thread count, so the first solve's count is kept for the
+    process."""
+    global _HIGHS_THREADS
+    if _HIGHS_THREADS is None:
+        _HIGHS_THREADS = int(requested or default_threads())
+    return _HIGHS_THREADS
+
+
 def default_threads() -> int:
     """Solver threads: the machine's cores (``os.sched_getaffinity`` where available)."""
     try:

@@ -25,7 +25,7 @@ import pyomo.environ as pyo
 
 from twin.cli_support import Interrupted, run_interruptible
 
-from .common import (Effective, SolveResult, assign_slots, default_threads, effective,
+from .common import (Effective, SolveResult, assign_slots, effective, highs_threads,
                      warm_start_solution)
 from .problem import PackingProblem
 
@@ -270,17 +270,6 @@ def _set_split_start(m, P, E, start: SolveResult) -> bool | None:
     return True
 
 
-_HIGHS_THREADS: int | None = None
-
-
-def highs_threads(requested: int | None) -> int:
-    """HiGHS keeps one global thread pool per process and fails (status unknown) when a later
-    solve asks for a different thread count, so the first solve's count is kept for the
-    process."""
-    global _HIGHS_THREADS
-    if _HIGHS_THREADS is None:
-        _HIGHS_THREADS = int(requested or default_threads())
-    return _HIGHS_THREADS
 
 
 def solve_milp(P: PackingProblem, time_limit_s: float = 60.0, threads: int | None = None,

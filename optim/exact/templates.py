@@ -34,6 +34,7 @@ from ..config_greedy import (MAX_TWIN_ROUNDS, Bin, best_plan, derate_rejected, p
 from ..gpu_configs import GpuConfig, config_index, derived_note
 from ..instance import Instance
 from ..placement import Placement
+from .common import highs_threads
 
 POWER_UNIT_W = 1e-4        # 0.1 mW
 
@@ -92,7 +93,6 @@ class _Model:
         import numpy as np
         import scipy.sparse as sp
 
-        from .milp import highs_threads
         n = len(self.lb)
         inf = highspy.kHighsInf
         ri, cj, val = [], [], []
