@@ -73,6 +73,7 @@ LP_BOUND_MAX_PAIRS = 20_000     # (adapter, GPU slot) pairs up to which the assi
 BUILD_PAIRS_PER_S = {"milp": 2_500, "cpsat": 4_000}
 DIVE_SHARE = {"milp": 0.5, "cpsat": 0.8}   # of the time left, for the arc-flow LP dive
 TABU_SHARE = 0.25       # of the time left, for each packing search into a proven bound
+TABU_FIRST_SHARE = 0.1  # ... the first one, before column generation (which packs what it misses)
 COLGEN_SHARE = 0.7      # of the time left, for the column-generation bound and dive
 CUT_MODES = ("capacity", "exact", "superset")
 
@@ -305,7 +306,7 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
         info["n_arcs"] = G.n_arcs
         # one bin kind (classical bin packing): a packing into the proven bound ends the search
         t0 = time.perf_counter()
-        best = _tabu_start(P, G, P.gpu_lower_bound, best, deadline, TABU_SHARE, info)
+        best = _tabu_start(P, G, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
         if _meets(P, best, P.gpu_lower_bound):
             return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0, "bounds",
                                    "tabu search")
