@@ -11,13 +11,18 @@ full sets (not shipped). ``--optima`` (CSV ``name,optimum``) adds a check agains
 optima; without it the table shows the value each OR-Library file states, which for
 ``u120_08`` and ``u120_19`` is an old best-known value one above the optimum.
 
-Writes ``<out-dir>/classical_bpp.{csv,md,png}``; last line
+Each run is stored as it finishes in ``<out-dir>/classical_bpp_runs.jsonl``, keyed by the
+instance's weights and capacity, the method, the time limit and a fingerprint of the solver's
+source (``optim/exact``); a stopped study started again with the same arguments continues where
+it stopped (``--fresh`` reruns everything). Writes ``<out-dir>/classical_bpp.{csv,md,png}``;
+last line
 ``instances=<n> runs=<r> proven_optimal=<p> max_wall_s=<w> over_limit=<o>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -38,8 +43,25 @@ def load_files(paths: Sequence[str]) -> list:
     return out
 
 
+def solver_fingerprint() -> str:
+    """Hash of the exact layer's source: a stored run is reused only by the same solver."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted((REPO / "optim" / "exact").glob("*.py")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def run_key(bp, method: str, time_limit: float, solver: str) -> str:
+    """What a stored run depends on: the instance's content, method, limit and solver."""
+    import hashlib
+    blob = json.dumps({"weights": list(map(int, bp.weights)), "capacity": int(bp.capacity),
+                       "method": method, "time_limit": time_limit, "solver": solver})
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def run(paths: Sequence[str], methods: Sequence[str], time_limit: float, limit: int | None,
-        optima: dict[str, int], out_dir: Path) -> int:
+        optima: dict[str, int], out_dir: Path, fresh: bool = False) -> int:
     import pandas as pd
     from tqdm import tqdm
 
@@ -47,7 +69,14 @@ def run(paths: Sequence[str], methods: Sequence[str], time_limit: float, limit: 
     from optim.instance import instance_from_dict
     from optim.methods import MethodOptions, solve
 
+    from .common import RowStore, git_commit
+
     bps = load_files(paths)[:limit]
+    store_path = out_dir / "classical_bpp_runs.jsonl"
+    if fresh and store_path.exists():
+        store_path.unlink()
+    store = RowStore(store_path)
+    solver, commit = solver_fingerprint(), git_commit(mark_changes=True)
     rows = []
     for bp in tqdm(bps, desc="classical instances", file=sys.stderr):
         inst = instance_from_dict(classical_instance(bp), source=bp.name)
@@ -55,13 +84,20 @@ def run(paths: Sequence[str], methods: Sequence[str], time_limit: float, limit: 
                "l1": -(-sum(bp.weights) // bp.capacity), "stated": bp.stated_best,
                "optimum": optima.get(bp.name)}
         for m in methods:
-            t0 = time.perf_counter()
-            p = solve(inst, m, objective="gpus", options=MethodOptions(time_limit_s=time_limit))
-            wall = time.perf_counter() - t0
-            it = (p.params.get("iterations") or [{}])[0]
-            row.update({f"{m}_bins": p.n_gpus or None, f"{m}_status": p.status,
+            key = run_key(bp, m, time_limit, solver)
+            done = store.get(key)
+            if done is None:
+                t0 = time.perf_counter()
+                p = solve(inst, m, objective="gpus",
+                          options=MethodOptions(time_limit_s=time_limit))
+                wall = time.perf_counter() - t0
+                it = (p.params.get("iterations") or [{}])[0]
+                done = {f"{m}_bins": p.n_gpus or None, f"{m}_status": p.status,
                         f"{m}_bound": p.best_bound, f"{m}_wall_s": round(wall, 2),
-                        f"{m}_lp": it.get("lp_bound"), f"{m}_start": it.get("start")})
+                        f"{m}_lp": it.get("lp_bound"), f"{m}_start": it.get("start"),
+                        f"{m}_commit": commit}
+                store.put(key, done)
+            row.update(done)
         rows.append(row)
     df = pd.DataFrame(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -111,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first K instances only")
     ap.add_argument("--optima", default=None, help="CSV with columns name,optimum")
     ap.add_argument("--out-dir", default=str(REPO / "results" / "classical_bpp"))
+    ap.add_argument("--fresh", action="store_true",
+                    help="rerun every instance (default: continue from the stored runs)")
     a = ap.parse_args(argv)
     if not a.time_limit > 0:
         ap.error("--time-limit must be > 0")
@@ -129,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, KeyError, ValueError) as e:
             ap.error(f"--optima {a.optima}: needs columns name,optimum ({e})")
     try:
-        return run(a.data, methods, a.time_limit, a.limit, optima, Path(a.out_dir))
+        return run(a.data, methods, a.time_limit, a.limit, optima, Path(a.out_dir), a.fresh)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -50,3 +51,39 @@ def markdown_table(df) -> str:
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
     return "\n".join(lines)
+
+
+class RowStore:
+    """Rows of finished points in a JSON-lines file, appended as each finishes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: dict[str, dict] = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue             # a line cut by an interruption
+                self.rows[rec["key"]] = rec["row"]
+
+    def get(self, key: str) -> dict | None:
+        return self.rows.get(key)
+
+    def put(self, key: str, row: dict) -> None:
+        self.rows[key] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"key": key, "row": row}, default=_plain) + "\n")
+
+
+def _plain(x):
+    """JSON form of numpy scalars (the rows hold some)."""
+    import numpy as np
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return str(x)

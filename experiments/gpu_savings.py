@@ -60,7 +60,7 @@ from optim.feasibility import raise_bound_to, twin_lower_bound
 from optim.instance import Instance, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
-from .common import REPO, git_commit
+from .common import REPO, RowStore, git_commit
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
@@ -233,30 +233,6 @@ def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-class RowStore:
-    """Rows of finished points in a JSON-lines file, appended as each finishes."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: dict[str, dict] = {}
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue             # a line cut by an interruption
-                self.rows[rec["key"]] = rec["row"]
-
-    def get(self, key: str) -> dict | None:
-        return self.rows.get(key)
-
-    def put(self, key: str, row: dict) -> None:
-        self.rows[key] = row
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"key": key, "row": row}, default=_plain) + "\n")
-
-
 def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_extra: int,
                 pair_checks: int, workers: int | None, store: RowStore | None, head: dict,
                 commit: str) -> list[dict]:
@@ -286,18 +262,6 @@ def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_e
         if store is not None and store.get(keys[m]) is None:
             store.put(keys[m], row)
     return mine
-
-
-def _plain(x):
-    """JSON form of numpy scalars (the rows hold some)."""
-    import numpy as np
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        return float(x)
-    return str(x)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

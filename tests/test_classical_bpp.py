@@ -106,3 +106,24 @@ def test_precheck_uses_the_constant_capacity_when_it_exceeds_the_backbone():
     assert gpu_lower_bound(inst) == 2
     p = solve(inst, "cpsat", verify=False)
     assert p.n_gpus == 2 and p.status == "optimal"
+
+
+def test_classical_study_continues_from_its_stored_runs(tmp_path, monkeypatch, capsys):
+    """A stopped study loses nothing: each run is stored as it finishes and a second call with
+    the same arguments reuses it instead of solving again (``--fresh`` solves again)."""
+    from experiments import classical_bpp
+    from tests.exact_helpers import BPP_DIR
+    data = str(BPP_DIR / "Falkenauer_t120_00.txt")
+    args = ["--data", data, "--methods", "cpsat", "--time-limit", "10",
+            "--out-dir", str(tmp_path)]
+    assert classical_bpp.main(args) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert len((tmp_path / "classical_bpp_runs.jsonl").read_text().splitlines()) == 1
+
+    def no_solving(*a, **k):
+        raise AssertionError("a stored run was solved again")
+    monkeypatch.setattr("optim.methods.solve", no_solving)
+    assert classical_bpp.main(args) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == first
+    with pytest.raises(AssertionError, match="solved again"):
+        classical_bpp.main(args + ["--fresh"])
