@@ -79,6 +79,8 @@ def cmd_solve(a: argparse.Namespace) -> int:
             raise CliError(f"--slo: warmup_s {slo.warmup_s:g} s leaves nothing of the "
                            f"{a.duration or inst.duration_s:g} s twin window to judge")
         from dataclasses import replace
+        if inst.slo is not None and inst.slo.classes:   # --slo sets the top level; classes stay
+            slo = replace(slo, classes=inst.slo.classes)
         inst = replace(inst, slo=slo)
     import twin.fleet
     with contextlib.ExitStack() as stack:   # Ray starts / joins its cluster before solving

@@ -281,6 +281,7 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     adapters and load with up to ``pair_checks`` GPU checks (0, the default: skipped; each check
     of a GPU holding hundreds of adapters replays every Amax, minutes on two cores). A twin-accepted placement with ``best`` GPUs is optimal in the twin
     (among placements that keep each adapter whole, as the fullest-GPU checks assume)."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     seeds = _bound_seeds(inst)
     thr = inst.starvation_threshold
@@ -394,6 +395,7 @@ def gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duratio
     spreads: the relative spread of the one-adapter carry limit and the standard deviation of
     the score at the best Amax over the bound seeds (a GPU that swaps varies more from draw to
     draw); the mean over those seeds must stay below it too."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
     key = _gpu_key(inst, adapters, rank, duration_s)
     hit = _disk_get(key)
@@ -460,6 +462,7 @@ def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = No
     the others only if it finds nothing): more slots than adapters + 1 are never filled and only
     add work per step and take KV cache (``capacity`` module docstring). A power cap only slows
     a GPU. Cached on disk."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
     top_rank = max(a.rank for a in inst.adapters)
     key = _gpu_key(inst, inst.adapters, top_rank, duration_s, what="one_gpu_excluded")
@@ -510,6 +513,7 @@ def fullest_gpu_excluded(inst: Instance, k: int, duration_s: float,
     (:func:`gpu_excluded`). Assumed, as for ``count_cap``, and checked on sampled GPUs by
     ``tests/test_bounds_twin.py``: fewer adapters, lower rates and a lower rank never turn an
     accepted GPU into a starving one."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     if k < 1:
         raise ValueError(f"fullest_gpu_excluded: k must be >= 1, got {k}")
     m = math.ceil(len(inst.adapters) / k)
@@ -542,6 +546,7 @@ def busiest_gpu_excluded(inst: Instance, k: int, duration_s: float,
     fails at every Amax (:func:`gpu_excluded`, with its spread margin). Sharper than
     ``count_cap`` near a crossing: that cap measures equal adapters, one fewer than the load
     takes, each above the largest rate. Same assumptions as ``count_cap``."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     if k < 1:
         raise ValueError(f"busiest_gpu_excluded: k must be >= 1, got {k}")
     load = inst.total_load_tps / k
@@ -594,6 +599,7 @@ def two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None = N
     halved (down to ``PAIR_MIN_SPAN`` counts). E_hi is non-increasing in a (more adapters at
     the same load fail no later), so ranges are taken by increasing a and each bisection
     starts below the previous one's E_hi. Cached on disk (the key holds ``max_checks``)."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
     key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
                    what=f"two_gpus_excluded/{int(max_checks)}")
@@ -693,6 +699,7 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
     spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs:
     ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound)."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
     if lb == 1:

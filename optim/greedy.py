@@ -130,7 +130,9 @@ class SloGated:
 
 def slo_caps(inst: Instance, duration_s: float, workers: int | None = None) -> dict[str, float]:
     """Per GPU type, the one-adapter carry limit under ``inst.slo`` at the type's smallest rank
-    (``SloGated``); empty without an SLO."""
+    (``SloGated``); empty without an SLO. With adapter classes, under the loosest SLO they
+    allow (``Instance.bound_view``): a cap no GPU that meets its classes' bounds exceeds."""
+    inst = inst.bound_view()
     if inst.slo is None:
         return {}
     from .capacity import carry_limit

@@ -45,10 +45,13 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
                                                  # most GPUs one adapter's traffic may be
                                                  # split over (routing weights); 1 = no split
       "slo": {"ttft_p99_ms": 500, "itl_p99_ms": 100, "ttft_mean_ms": 200,
-              "e2e_p99_ms": 30000, "attainment": 0.99, "warmup_s": 60}
+              "e2e_p99_ms": 30000, "attainment": 0.99, "warmup_s": 60,
+              "classes": {"premium": {"ttft_p99_ms": 200, "adapters": ["a0"]}}}
                                                  # optional latency SLO (twin.slo.Slo): >= 1
                                                  # bound (ms); every GPU must meet each one in
-                                                 # the twin, besides the throughput rule
+                                                 # the twin, besides the throughput rule;
+                                                 # optional classes: their adapters' requests
+                                                 # are held to the class's bounds instead
     }
 
 Every GPU type's profile must serve the same base model (one fleet serves one base model).
@@ -62,7 +65,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -179,6 +182,15 @@ class Instance:
     def mean_tokens(self) -> float:
         """Mean input + output tokens per request (offered tokens per request)."""
         return self.lengths.mean_input + self.lengths.mean_output
+
+    def bound_view(self) -> "Instance":
+        """This instance judged by the loosest plain SLO its adapters' classes allow
+        (``twin.slo.Slo.loosest``): a GPU that meets its classes' bounds meets that one, so a
+        lower bound, a carry limit or an exclusion measured under it stays sound — also on the
+        synthetic adapters (of no class) those checks replay. Itself without SLO classes."""
+        if self.slo is None or not self.slo.classes:
+            return self
+        return replace(self, slo=self.slo.loosest([a.id for a in self.adapters]))
 
     def load_tps(self, adapter: Adapter) -> float:
         """Offered token rate of one adapter: rate x (mean input + mean output)."""
@@ -543,16 +555,16 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
         raise InstanceError(src, "gpus", "energy and power budgets need twin-measured "
                             "configurations; remove capacity_tps/capacity_amax")
     homes = check_max_homes(d.get("max_homes", 1), sum(t.count for t in gpu_types), src)
-    slo = _slo(src, d.get("slo"), dur)
+    slo = _slo(src, d.get("slo"), dur, {a.id for a in adapters})
     return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
                     lengths_spec=spec, starvation_threshold=thr, objective=objective,
                     solver=solver, duration_s=dur, seed=seed, description=desc, source=source,
                     power_budget_w=budget_w, max_homes=homes, slo=slo)
 
 
-def _slo(src: str, v: Any, duration_s: float) -> Slo | None:
+def _slo(src: str, v: Any, duration_s: float, adapter_ids: set[str]) -> Slo | None:
     """The instance's latency SLO (``twin.slo.Slo``), or None; its warm-up must leave part of
-    the twin window to judge."""
+    the twin window to judge, and its classes name adapters of the instance."""
     if v is None:
         return None
     try:
@@ -563,6 +575,13 @@ def _slo(src: str, v: Any, duration_s: float) -> Slo | None:
     if slo.warmup_s >= duration_s:
         raise InstanceError(src, "slo.warmup_s", f"{slo.warmup_s:g} s leaves nothing of the "
                             f"{duration_s:g} s twin window (duration_s) to judge")
+    for c in slo.classes:
+        unknown = [i for i in c.adapters if i not in adapter_ids]
+        if unknown:
+            raise InstanceError(src, f"slo.classes.{c.name}.adapters",
+                                f"{len(unknown)} id(s) name no adapter of the instance: "
+                                f"{', '.join(map(repr, unknown[:5]))}"
+                                + (" ..." if len(unknown) > 5 else ""))
     return slo
 
 

@@ -245,7 +245,7 @@ class Placement:
                 f"{'pred_tps':>9} {'twin_tps':>9} {'pred':>6} {'twin':>7}")
         bounds = list(self.params.get("slo_bounds") or ())
         head += "".join(f" {_slo_head(b):>13}" for b in bounds)
-        per_request = any(b in ("ttft_p99_ms", "e2e_p99_ms") for b in bounds)
+        per_request = any(b.rpartition(":")[2] in ("ttft_p99_ms", "e2e_p99_ms") for b in bounds)
         if per_request:
             head += f" {'worst adapter':>13}"
         lines = [head, "-" * len(head)]

@@ -570,6 +570,7 @@ def _bound_cached(inst: Instance, dur: float) -> bool:
     shipped file), so the bound takes seconds, not minutes."""
     from .capacity import limit_is_cached
     from .feasibility import _bound_seeds, _type_rank
+    inst = inst.bound_view()            # the SLO the bound measures its limits under
     for t in inst.gpu_types:
         r = _type_rank(inst, t)
         if r is not None and not limit_is_cached(t.load_profile(), r, 1, inst.lengths, dur,

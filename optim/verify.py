@@ -47,7 +47,7 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
     params = placement.params
     if inst.slo is not None:            # what the verdict judged, for the table and the claim
         params = {**params, "slo": inst.slo.describe(),
-                  "slo_bounds": list(inst.slo.bounds())}
+                  "slo_bounds": list(inst.slo.judged_bounds())}
     if inst.starvation_threshold != 0.9:   # twin.headroom: the headroom verdict's threshold
         params = {**params, "starvation_threshold": inst.starvation_threshold}
     return placement.with_(gpus=gpus, verdict="accepted" if result.feasible else "rejected",

@@ -142,7 +142,8 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
                     itl_hist: np.ndarray, duration_s: float, offered_tps: float,
                     kv_blocks: int, block_size: int, starvation_threshold: float = 0.9,
                     slo=None, adapter: np.ndarray | None = None, latency_tail=None,
-                    adapter_count: int | None = None, slo_tail=None) -> RunMetrics:
+                    adapter_count: int | None = None, slo_tail=None,
+                    adapter_ids=None) -> RunMetrics:
     """Summarise one kernel run over the window ``[0, duration_s]``; with ``slo`` (a
     ``twin.slo.Slo``) the run is also judged against it (``RunMetrics.slo``; per adapter too
     when ``adapter``, each request's adapter index, and ``adapter_count``, the server's
@@ -151,7 +152,8 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     server's latency, adapter cold starts and token delivery delays); throughput, mean ITL and
     TPOT are the engine's either way. ``slo_tail`` (default: ``latency_tail``): the constants
     the SLO judgement uses for a client-view SLO (``twin.slo``), which the reported latencies
-    need not share."""
+    need not share. An SLO with adapter classes also needs ``adapter_ids`` (the server's
+    adapters' ids, by index)."""
     in_window = arrival < duration_s
     done = (finish_t >= 0) & (finish_t <= duration_s)
     n_arrived = int(in_window.sum())
@@ -224,5 +226,5 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
         kv_capacity_tokens=kv_blocks * block_size,
         slo=(None if slo is None else
              evaluate_slo(slo, arrival, first_t, finish_t, itl_hist, duration_s, adapter,
-                          adapter_count, client=view).to_dict()),
+                          adapter_count, client=view, adapter_ids=adapter_ids).to_dict()),
     )

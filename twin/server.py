@@ -246,7 +246,8 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
                         run.finish_t, run.stats, run.itl_hist, duration_s, float(offered_tps),
                         run.kv_blocks, profile.block_size, config.starvation_threshold,
                         None if decided else config.slo, adapter=requests.adapter,
-                        adapter_count=len(adapters), slo_tail=_slo_tail(profile, config))
+                        adapter_count=len(adapters), slo_tail=_slo_tail(profile, config),
+                        adapter_ids=[a.id for a in adapters])
     if decided:
         m = replace(m, throughput_tps=float(run.stats[K.ST_TOKENS_BOUND]) / duration_s,
                     starved=True, decided_at_s=float(run.stats[K.ST_DECIDED_T]))

@@ -227,17 +227,21 @@ class RoutedFleetResult:
         t = self.ttft_s()
         return float(t.mean()) if len(t) else math.nan
 
-    def slo(self, slo):
+    def slo(self, slo, adapter_ids: Sequence[str] | None = None):
         """The fleet's requests judged against a latency SLO (``twin.slo.evaluate_slo``: TTFT
         and E2E bounds, unserved requests missing; attainment = share of judged requests within
-        every bound, ``goodput_rps``). The routed simulation keeps no inter-token gaps, so an
-        ITL bound is refused rather than passed unjudged."""
+        every bound, ``goodput_rps``); an SLO with adapter classes needs ``adapter_ids`` (the
+        simulated adapters' ids, by index). The routed simulation keeps no inter-token gaps, so
+        an ITL bound is refused rather than passed unjudged."""
         from twin.slo import evaluate_slo
-        if slo.itl_p99_ms is not None:
+        if slo.itl_p99_ms is not None or any("itl_p99_ms" in dict(c.bounds)
+                                              for c in slo.classes):
             raise ValueError("slo.itl_p99_ms: the routed fleet simulation does not record "
                              "inter-token gaps; judge routing on TTFT / E2E bounds")
         return evaluate_slo(slo, self.requests.arrival_s, self.first_t, self.finish_t,
-                            np.zeros(1, np.int64), self.duration_s)
+                            np.zeros(1, np.int64), self.duration_s,
+                            adapter=self.requests.adapter if slo.classes else None,
+                            adapter_ids=adapter_ids)
 
     @property
     def total_loads(self) -> int:
