@@ -127,3 +127,11 @@ def test_classical_study_continues_from_its_stored_runs(tmp_path, monkeypatch, c
     assert capsys.readouterr().out.strip().splitlines()[-1] == first
     with pytest.raises(AssertionError, match="solved again"):
         classical_bpp.main(args + ["--fresh"])
+
+
+def test_a_hard28_instance_is_proven_by_column_generation(tmp_path):
+    """Hard28's BPP360 (160 items, capacity 1000; the tabu search alone stalls one bin above
+    the bound): the column-generation dive packs it into ceil(LP) = 62 bins, optimal at once."""
+    d = _solve(tmp_path, bpplib_instance("Hard28/Hard28_BPP360"), "cpsat", 40)
+    assert d["rc"] == 0 and d["status"] == "optimal", d["status"]
+    assert d["gpus_used"] == 62 and d["best_bound"] == 62
