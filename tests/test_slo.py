@@ -290,3 +290,27 @@ def test_client_view_adds_the_latency_tail_to_the_judgement():
     assert "engine latencies" in Slo(ttft_p99_ms=1.0, latency="engine").describe()
     with pytest.raises(ValueError, match="slo.latency"):
         Slo(ttft_p99_ms=1.0, latency="server")
+
+
+def test_exact_configurations_are_capped_by_the_slo_and_cpsat_agrees_with_brute_force():
+    """Under an SLO the exact model's configurations carry at most the one-adapter carry limit
+    under it (the cap greedy's packing uses too); cpsat's placement is twin-accepted, never
+    below the brute-force optimum, and equal to it when it claims optimality in the twin."""
+    from optim.exact.capacity import build_problem
+    from optim.exact.problem import scale_cap
+    from optim.greedy import slo_caps
+    rates, ranks = (0.6, 0.6, 0.6), (8, 8, 16)
+    inst = _tiny(rates, ranks, Slo(itl_p99_ms=20.0))
+    caps = slo_caps(inst, inst.duration_s, 1)
+    plain = build_problem(_tiny(rates, ranks, None))
+    capped = build_problem(inst, load_caps=caps)
+    top = scale_cap(caps["h100"])
+    assert max(c.cap for c in plain.types[0].configs) > top
+    assert max(c.cap for c in capped.types[0].configs) == top
+    assert any("under the SLO" in n for n in capped.notes)
+    best = _brute_force_min_gpus(inst)
+    from optim.methods import MethodOptions
+    p = solve(inst, "cpsat", verify=True, workers=1, options=MethodOptions(time_limit_s=60))
+    assert p.verdict == "accepted" and p.n_gpus >= best
+    if "optimal in the twin" in (p.params.get("claim") or ""):
+        assert p.n_gpus == best

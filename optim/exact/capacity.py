@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -243,11 +244,17 @@ def itl_table_fn(itl_model, lengths):
 def build_problem(inst, objective: str | None = None, gpu_budget: int | None = None,
                   models: dict[str, Any] | None = None, allow_provisional: bool = True,
                   itl_fns: dict[str, Callable] | None = None,
-                  progress: bool = False) -> PackingProblem:
+                  progress: bool = False,
+                  load_caps: dict[str, float] | None = None) -> PackingProblem:
     """The ``PackingProblem`` of an instance (with its ``max_homes``). ``models`` maps a
     profile name to a capacity
     model (anything with ``pieces()``) overriding the committed one; ``itl_fns`` maps a profile
-    to an ITL table function (latency objective; default: from the committed ITL model)."""
+    to an ITL table function (latency objective; default: from the committed ITL model).
+    ``load_caps`` (GPU type name -> tok/s) caps every configuration of that type: under a latency
+    SLO, the one-adapter carry limit under it (``greedy.slo_caps``), which no GPU meeting the SLO
+    exceeds, so the model proposes no GPU the SLO rules out by load alone::
+
+        cap_p <- min(cap_p, floor(load_cap_t x LOAD_SCALE))   for every piece p of type t"""
     from surrogates.features import adapter_feature_matrix, ADDITIVE
     from twin.profile import load_profile
 
@@ -289,6 +296,12 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
                 fn = itl_table_fn(im, inst.lengths)
         integral = xf == "n" or xf.startswith("n_rank")
         cfgs = configs_from_pieces(model, prof, integral, objective, fn)
+        if load_caps and t.name in load_caps:
+            top = scale_cap(load_caps[t.name])
+            cfgs = tuple(replace(c, cap=min(c.cap, top)) for c in cfgs
+                         if min(c.cap, top) >= max(c.load_lo, 1))
+            notes.append(f"gpus[{t.name}]: configurations capped at {load_caps[t.name]:.0f} tok/s "
+                         "(the one-adapter carry limit under the SLO)")
         types.append(TypeSpec(t.name, t.profile, t.count, t.price_per_hour, cfgs, source))
     x_feature = x_feature or "n"
     integral = x_feature == "n" or x_feature.startswith("n_rank")
