@@ -20,6 +20,20 @@ One attempt with ``k`` GPUs (the types of the placement's first ``k``):
 Attempts go from ``n - 1`` GPUs down and stop at the first failure or at the twin lower bound
 (``feasibility.lora_gpu_lower_bound``, twin-sound): a placement with that many GPUs is optimal
 for the twin.
+
+Where the load-balanced spread fails — under a latency SLO the GPUs differ in what they can
+carry (many light adapters cost slots and per-adapter work; a p99 ITL bound binds on them long
+before the load does), so an even spread of the load is the wrong shape — a *drain* takes one GPU
+away at a time instead (placements of at most ``DRAIN_MAX_GPUS`` GPUs, the ``DRAIN_CANDIDATES``
+least-loaded GPUs tried in turn):
+
+1. the drained GPU's adapters, heaviest first, each move onto another GPU — the
+   ``DRAIN_RECEIVERS`` least-loaded ones tried in turn — where the twin accepts it with its new
+   adapter at some Amax (searched as in step 2, with the draw of that GPU's index once the
+   drained one is gone);
+2. every other GPU whose index shifts is searched again at its new index (its draw changes);
+3. the whole placement is verified and taken when accepted; drains go on from the result.
+
 Every taken step is recorded in ``Placement.repairs``.
 """
 
@@ -54,6 +68,41 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
     return cand if cand.verdict == "accepted" else None
 
 
+DRAIN_MAX_GPUS = 32       # drains only on placements of at most this many GPUs
+DRAIN_CANDIDATES = 4      # least-loaded GPUs a drain round tries to empty
+DRAIN_RECEIVERS = 6       # least-loaded GPUs tried for each moved adapter
+
+
+def _drain(inst: Instance, p: Placement, g: int, duration_s: float,
+           workers: int | None) -> Placement | None:
+    """``p`` without GPU ``g`` (module docstring, the drain), verified and accepted, or None."""
+    others = [i for i in range(p.n_gpus) if i != g]
+    plans = {i: p.gpus[i] for i in others}
+    index = {i: k for k, i in enumerate(others)}            # each GPU's index once g is gone
+    searched: set[int] = set()
+    for a, share in sorted(p.gpus[g].adapters, key=lambda x: (-x[0].rate * x[1], x[0].id)):
+        for i in sorted(others, key=lambda i: (plans[i].offered_tps, i))[:DRAIN_RECEIVERS]:
+            b = plans[i]
+            draft = plan_gpu(b.gpu_type, b.profile, 1, b.adapters + ((a, share),),
+                             inst.mean_tokens)
+            best, _ = twin_best_amax(inst, draft, inst.seed + index[i], duration_s, workers)
+            if best is not None:
+                plans[i] = best
+                searched.add(i)
+                break
+        else:
+            return None
+    for i in others:
+        if i not in searched and index[i] != i:
+            best, _ = twin_best_amax(inst, plans[i], inst.seed + index[i], duration_s, workers)
+            if best is None:
+                return None
+            plans[i] = best
+    cand = verify(p.with_(gpus=tuple(plans[i] for i in others)), inst, duration_s=duration_s,
+                  workers=workers)
+    return cand if cand.verdict == "accepted" else None
+
+
 def compact(inst: Instance, placement: Placement, duration_s: float | None = None,
             workers: int | None = None) -> Placement:
     """``placement`` (twin-accepted) with as few GPUs as the attempts of the module docstring
@@ -70,11 +119,24 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
         while p.n_gpus - 1 >= lb:
             tries += 1
             smaller = _attempt(inst, p, p.n_gpus - 1, dur, workers)
+            if smaller is not None:
+                changes.append(f"compaction: {p.n_gpus} -> {smaller.n_gpus} GPU(s), "
+                               "load-balanced, each GPU's Amax chosen by the twin "
+                               f"({', '.join(str(g.max_loras) for g in smaller.gpus)})")
+                p = smaller.with_(repairs=tuple(changes))
+                continue
+            if p.n_gpus > DRAIN_MAX_GPUS:
+                break
+            light = sorted(range(p.n_gpus), key=lambda i: (p.gpus[i].offered_tps, i))
+            for g in light[:DRAIN_CANDIDATES]:
+                smaller = _drain(inst, p, g, dur, workers)
+                if smaller is not None:
+                    break
             if smaller is None:
                 break
-            changes.append(f"compaction: {p.n_gpus} -> {smaller.n_gpus} GPU(s), load-balanced, "
-                           "each GPU's Amax chosen by the twin "
-                           f"({', '.join(str(g.max_loras) for g in smaller.gpus)})")
+            changes.append(f"compaction: {p.n_gpus} -> {smaller.n_gpus} GPU(s), GPU {g}'s "
+                           f"{p.gpus[g].n_adapters} adapter(s) moved onto others, each "
+                           "receiving GPU's Amax chosen by the twin")
             p = smaller.with_(repairs=tuple(changes))
     if p.verdict == "accepted" and not splits and p.n_gpus == lb + 1:
         lb = raise_bound_to(inst, lb, p.n_gpus, dur, workers)   # certify where one step is left

@@ -686,6 +686,152 @@ def _two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None,
     return True
 
 
+PROFILE_CHECKS = 96        # profile_excluded: GPU checks (gpu_excluded calls) per k
+
+
+def max_profile_load(cap: Sequence[float], k: int) -> tuple[float, list[int]]:
+    """(max sum_i cap[m_i - 1] over k counts m_i >= 1 with sum_i m_i = n = len(cap), the counts
+    of a maximising split): the most load k GPUs can carry together when one holding m adapters
+    carries at most ``cap[m - 1]`` (-inf and no counts when k > n). Dynamic programme over the
+    GPUs, O(k n^2)."""
+    c = np.asarray(cap, float)
+    n = len(c)
+    if k < 1 or k > n:
+        return -np.inf, []
+    best = c.copy()                         # best[s - 1]: s adapters on the GPUs so far
+    choices = []
+    for _ in range(k - 1):                  # one more GPU, holding m of the s adapters
+        nxt, arg = np.full(n, -np.inf), np.zeros(n, np.int64)
+        for s in range(2, n + 1):
+            m = np.arange(1, s)
+            tot = best[s - m - 1] + c[m - 1]
+            j = int(np.argmax(tot))
+            nxt[s - 1], arg[s - 1] = tot[j], m[j]
+        best = nxt
+        choices.append(arg)
+    counts, s = [], n
+    for arg in reversed(choices):
+        counts.append(int(arg[s - 1]))
+        s -= counts[-1]
+    return float(best[n - 1]), counts + [s]
+
+
+def max_profile_load_reference(cap: Sequence[float], k: int) -> float:
+    """``max_profile_load`` by enumerating every composition of n into k parts (tests)."""
+    import itertools
+    n = len(cap)
+    out = -np.inf
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        parts = np.diff((0,) + cuts + (n,))
+        out = max(out, float(sum(cap[m - 1] for m in parts)))
+    return out
+
+
+def profile_excluded(inst: Instance, k: int, duration_s: float, workers: int | None = None,
+                     max_checks: int = PROFILE_CHECKS) -> bool:
+    """True when no twin-accepted placement of ``inst`` (each adapter whole) uses exactly ``k``
+    GPUs because of what GPUs holding many adapters carry; False when that is not shown within
+    ``max_checks`` GPU checks.
+
+    A GPU of the placement holds m >= 1 adapters and a load E, with sum m = n and sum E = L.
+    It carries at most ``heavy(m)`` (its m heaviest adapters), at most the one-adapter carry
+    limit ``C1`` (the bound's premise), and less than ``E_hi(a)`` for every a <= m, where
+    ``canonical_gpu(a, E_hi(a))`` — the least-work GPU of a adapters with that load — fails at
+    every Amax (:func:`gpu_excluded`, with its spread margin; any GPU of m >= a adapters and a
+    load >= E_hi(a) is no easier, the assumptions of ``two_gpus_excluded``). With
+    ``F(m) = min(heavy(m), C1, min_{a <= m} E_hi(a))``:
+
+        k GPUs are excluded when  max_{m_1 + ... + m_k = n, m_i >= 1} sum_i F(m_i) < L
+
+    (``max_profile_load``). ``E_hi`` is measured (bisection on the load, resolution
+    ``PAIR_LOAD_RTOL`` x L) where the maximising split needs it: first at n / k, then at every
+    count of the maximising split not yet measured, until the split's loads fall below L, every
+    count it uses is measured, or the checks run out. Cached on disk."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
+    from .capacity import _disk_get, _disk_put
+    key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
+                   what=f"profile_excluded/{int(k)}/{int(max_checks)}")
+    hit = _disk_get(key)
+    if hit is not None:
+        return bool(hit["excluded"])
+    try:
+        out = _profile_excluded(inst, int(k), duration_s, workers, int(max_checks))
+    except _OutOfChecks:
+        out = False
+    _disk_put(key, {"excluded": out, "instance": inst.name, "k": int(k),
+                    "duration_s": float(duration_s), "max_checks": int(max_checks)})
+    return out
+
+
+def _profile_excluded(inst: Instance, k: int, duration_s: float, workers: int | None,
+                      max_checks: int) -> bool:
+    n, total = len(inst.adapters), inst.total_load_tps
+    if k >= n or k < 1:
+        return k < 1
+    r0 = _smallest_rank(inst)
+    seeds = _bound_seeds(inst)
+    c1 = max(carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s, seeds,
+                         inst.starvation_threshold, workers, inst.slo).limit_tps
+             for t in inst.gpu_types if (r := _type_rank(inst, t)) is not None)
+    loads = np.sort([inst.load_tps(a) for a in inst.adapters])
+    heavy = np.cumsum(loads[::-1])              # heavy[m - 1]: the m heaviest adapters
+    light = np.concatenate([[0.0], np.cumsum(loads)])
+    e_hi: dict[int, float] = {}                 # a -> a load from which a-adapter GPUs fail
+    e_ok: dict[int, float] = {}                 # a -> a load shown not failing
+    used = 0
+
+    def fails(a: int, load: float) -> bool:
+        nonlocal used
+        used += 1
+        if used > max_checks:
+            raise _OutOfChecks
+        return gpu_excluded(inst, canonical_gpu(inst, a, load), r0, duration_s, workers)
+
+    def measure(a: int) -> None:
+        """E_hi(a) by bisection between what is known to pass and to fail."""
+        lo = max([float(light[a])] + [v for b, v in e_ok.items() if b >= a])
+        known = [v for b, v in e_hi.items() if b <= a]
+        hi = min(known + [float(min(heavy[a - 1], c1))])
+        if hi <= lo:
+            e_hi[a] = hi
+            return
+        if not fails(a, hi):                    # the most it can carry passes: no cap below
+            e_hi[a], e_ok[a] = np.inf, hi
+            return
+        if lo <= light[a] and fails(a, lo):     # even its lightest adapters alone fail
+            e_hi[a] = lo
+            return
+        while hi - lo > PAIR_LOAD_RTOL * total:
+            mid = 0.5 * (lo + hi)
+            if fails(a, mid):
+                hi = mid
+            else:
+                lo = mid
+        e_hi[a], e_ok[a] = hi, lo
+
+    def caps() -> np.ndarray:
+        """F(m) of the docstring; -inf where no accepted GPU holds m adapters (it would carry
+        at least its m lightest adapters' load, at or above a load shown to fail)."""
+        f = np.minimum(heavy, c1)
+        run = np.inf
+        for m in range(1, n + 1):
+            run = min(run, e_hi.get(m, np.inf))
+            f[m - 1] = -np.inf if run <= light[m] or f[m - 1] < light[m] else min(f[m - 1], run)
+        return f
+
+    measure(max(1, n // k))
+    while True:
+        f = caps()
+        value, counts = max_profile_load(f, k)
+        if value < total * (1 - 1e-9):
+            return True
+        todo = sorted({m for m in counts if m not in e_hi})
+        if not todo:
+            return False
+        for m in todo:
+            measure(m)
+
+
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
                          workers: int | None = None, pair_checks: int = 0) -> int:
     """The best twin-sound lower bound on the GPU count (``twin_lower_bound(...).best``)."""

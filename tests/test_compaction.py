@@ -116,3 +116,27 @@ def test_cli_compacts_unless_told_not_to(tmp_path):
     on, off = json.loads(out_on.read_text()), json.loads(out_off.read_text())
     assert "lower_bound" in on["params"] and "lower_bound" not in off["params"]
     assert len(on["gpus"]) <= len(off["gpus"])
+
+
+def test_a_drain_empties_the_lightest_gpus_when_the_even_spread_fails(monkeypatch):
+    """With the load-balanced attempt failing (patched), compaction drains GPUs instead: the
+    lightest GPU's adapters move onto the others, each receiving GPU's Amax is searched again
+    with the draw of its index, and the result is verified; every adapter stays placed once."""
+    import optim.compaction as C
+    from optim.placement import Placement, plan_gpu
+    from optim.verify import verify
+    inst = _inst(n=6, rate=0.2)
+    groups = [inst.adapters[:4], inst.adapters[4:5], inst.adapters[5:]]
+    plans = tuple(plan_gpu("h100", LLAMA, len(g) + 1, [(a, 1.0) for a in g], inst.mean_tokens)
+                  for g in groups)
+    three = verify(Placement(inst.name, "given", "solved", plans), inst, duration_s=DUR)
+    assert three.verdict == "accepted" and three.n_gpus == 3
+    monkeypatch.setattr(C, "_attempt", lambda *a, **k: None)
+    out = compact(inst, three, DUR)
+    assert out.verdict == "accepted" and out.n_gpus < 3
+    assert sum("adapter(s) moved onto others" in r for r in out.repairs) == 3 - out.n_gpus
+    assert sorted(a.id for g in out.gpus for a, _ in g.adapters) == sorted(
+        a.id for a in inst.adapters)
+    assert all(g.verified is not None and g.verified.ok for g in out.gpus)
+    assert out.n_gpus == 1                          # 6 x 0.2 req/s: one GPU's worth
+    assert C._drain(inst, out, 0, DUR, None) is None     # the last GPU has nowhere to go
