@@ -9,7 +9,7 @@ from pathlib import Path
 
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
                               HelpFormatter, float_above, int_at_least, positive_int, seed_type,
-                              slo_argument, SLO_HELP)
+                              slo_argument, slo_class_argument, SLO_HELP)
 from twin.limits import MAX_DURATION_S
 
 from .plan import (DEFAULT_DURATION_S, EXAMPLE_CSV, PlanError, make_plan, parse_pool, plan_instance,
@@ -32,7 +32,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         check_plan_dir(out, a.force)
         pool = [parse_pool(x) for x in a.pool or ()]
         inst = plan_instance(a.adapters, a.gpu, a.model, pool, a.objective, a.duration, a.seed,
-                             a.name, a.max_homes, slo_argument(a.slo))
+                             a.name, a.max_homes, slo_argument(a.slo),
+                             [slo_class_argument(x) for x in a.slo_class or ()])
         from .cli_deploy import deploy_targets
         from .deploy import DeployOptions
         targets = deploy_targets(a.target)
@@ -102,6 +103,10 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
                    help="write the deployment files even when the twin rejects the placement "
                         "(they record twin_verdict=rejected)")
     s.add_argument("--slo", default=None, metavar="NAME=MS[,...]", help=SLO_HELP)
+    s.add_argument("--slo-class", action="append", metavar="CLASS:NAME=MS[,...]",
+                   help="bounds of an adapter class, for the adapters whose slo_class column in "
+                        "the CSV names it (repeatable; the other adapters keep --slo's bounds, "
+                        "or none), e.g. --slo-class premium:ttft_p99_ms=300,itl_p99_ms=60")
     s.add_argument("--force", action="store_true", help="write into a non-empty --out folder")
     s.add_argument("--quiet", action="store_true", help="no stage lines or progress bars")
     s.set_defaults(func=cmd_plan)

@@ -147,9 +147,12 @@ def _default_count(adapters_csv: Path, gpu: str, model: str, name: str, base: di
 def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
                   model: str = "llama-3.1-8b-instruct", pool: Sequence[PoolEntry] = (),
                   objective: str = "gpus", duration_s: float = DEFAULT_DURATION_S, seed: int = 0,
-                  name: str | None = None, max_homes: int = 1, slo=None) -> Instance:
+                  name: str | None = None, max_homes: int = 1, slo=None,
+                  slo_classes: Sequence[tuple[str, dict[str, float]]] = ()) -> Instance:
     """An instance from an adapters CSV: one GPU type (``gpu`` serving ``model``, pool sized
-    automatically) or the given ``pool`` entries (their ``gpu`` resolved like ``gpu``)."""
+    automatically) or the given ``pool`` entries (their ``gpu`` resolved like ``gpu``).
+    ``slo_classes`` ((class, bounds) pairs, ``--slo-class``) hold the adapters the CSV's
+    optional ``slo_class`` column names to their own bounds (``twin.slo.SloClass``)."""
     path = Path(adapters_csv)
     if not path.is_file():
         raise PlanError(f"{path}: no such file (expected a CSV with header id,rank,rate)")
@@ -173,6 +176,9 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
         base["max_homes"] = int(max_homes)
     if slo is not None:
         base["slo"] = slo.to_dict()
+    classes = _class_members(path, slo_classes)
+    if classes:
+        base["slo"] = {**base.get("slo", {}), "classes": classes}
     try:
         if pool:
             seen: set[str] = set()
@@ -189,6 +195,44 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
         return instance_from_dict({**base, "gpus": gpus}, str(path), path.parent)
     except InstanceError as e:
         raise PlanError(str(e)) from None
+
+
+def _class_members(path: Path, slo_classes: Sequence[tuple[str, dict[str, float]]]
+                   ) -> dict[str, dict]:
+    """The instance's ``slo.classes``: each ``--slo-class`` with the adapters whose CSV
+    ``slo_class`` column names it (an empty cell: the top-level SLO); {} without either."""
+    import pandas as pd
+    names = [c for c, _ in slo_classes]
+    dup = sorted({c for c in names if names.count(c) > 1})
+    if dup:
+        raise PlanError(f"--slo-class: class {dup[0]!r} given twice")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: {e}") from None
+    if "slo_class" not in df.columns:
+        if not names:
+            return {}
+        raise PlanError(f"--slo-class: {path.name} has no slo_class column naming each "
+                        "adapter's class (an empty cell: the top-level SLO)")
+    named = sorted({c.strip() for c in df["slo_class"] if c.strip()})
+    if named and not names:
+        raise PlanError(f"{path.name}: its slo_class column names {', '.join(named[:5])} but no "
+                        "--slo-class states their bounds (e.g. --slo-class "
+                        f"{named[0]}:ttft_p99_ms=300)")
+    members: dict[str, list[str]] = {c: [] for c in names}
+    for row, (aid, c) in enumerate(zip(df["id"].str.strip(), df["slo_class"].str.strip())):
+        if not c:
+            continue
+        if c not in members:
+            raise PlanError(f"{path.name} row {row + 1}, column 'slo_class': class {c!r} has no "
+                            f"--slo-class (given: {', '.join(names)})")
+        members[c].append(aid)
+    empty = [c for c, ids in members.items() if not ids]
+    if empty:
+        raise PlanError(f"--slo-class {empty[0]}: no adapter of {path.name} is in this class "
+                        "(its slo_class column)")
+    return {c: {**bounds, "adapters": members[c]} for c, bounds in slo_classes}
 
 
 # ----------------------------------------------------------------------------- curves

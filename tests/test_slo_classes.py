@@ -152,3 +152,35 @@ def test_verify_holds_a_premium_class_to_its_bound_and_greedy_serves_it():
     assert fixed.verdict == "accepted"
     assert all(g.verified.slo["ok"] for g in fixed.gpus)
     assert fixed.n_gpus <= 3, fixed.table()
+
+
+# ----------------------------------------------------------------------------- optim plan
+def _csv(tmp_path, classes):
+    p = tmp_path / "tiered.csv"
+    p.write_text("id,rank,rate,slo_class\n" + "".join(
+        f"a{i},8,0.5,{c}\n" for i, c in enumerate(classes)))
+    return p
+
+
+def test_plan_takes_classes_from_the_csv_and_slo_class(tmp_path):
+    from optim.plan import PlanError, plan_instance
+    from twin.cli_support import CliError, slo_class_argument
+    path = _csv(tmp_path, ["premium", "premium", "", "batch"])
+    classes = [slo_class_argument("premium:ttft_p99_ms=300,itl_p99_ms=60"),
+               slo_class_argument("batch:e2e_p99_ms=120000")]
+    inst = plan_instance(path, slo=Slo(ttft_p99_ms=5000), slo_classes=classes)
+    assert inst.slo.adapter_class() == {"a0": "premium", "a1": "premium", "a3": "batch"}
+    assert inst.slo.class_slo("premium").bounds() == {"ttft_p99_ms": 300.0, "itl_p99_ms": 60.0}
+    assert inst.slo.class_slo(None).bounds() == {"ttft_p99_ms": 5000.0}
+    only = plan_instance(path, slo_classes=classes)          # a2: no bound at all
+    assert only.slo.bounds() == {} and only.bound_view().slo is None
+    with pytest.raises(PlanError, match=r"row 4, column 'slo_class': class 'batch' has no"):
+        plan_instance(path, slo_classes=classes[:1])
+    with pytest.raises(PlanError, match=r"names batch, premium but no --slo-class"):
+        plan_instance(path)
+    with pytest.raises(PlanError, match="--slo-class gold: no adapter"):
+        plan_instance(path, slo_classes=classes + [slo_class_argument("gold:ttft_p99_ms=9")])
+    with pytest.raises(CliError, match="not CLASS:NAME=MS"):
+        slo_class_argument("premium")
+    with pytest.raises(CliError, match="'fast' is not a number"):
+        slo_class_argument("premium:ttft_p99_ms=fast")

@@ -67,6 +67,33 @@ def slo_argument(text: str | None, option: str = "--slo"):
         raise CliError(str(e)) from None
 
 
+def slo_class_argument(text: str, option: str = "--slo-class") -> tuple[str, dict[str, float]]:
+    """(class name, bounds) of a ``--slo-class CLASS:NAME=MS[,NAME=MS...]`` value; a bad value
+    is a ``CliError`` naming the option and the field."""
+    from .slo import SLO_BOUNDS
+    name, colon, rest = str(text).partition(":")
+    if not colon or not name.strip():
+        raise CliError(f"{option}: '{text}' is not CLASS:NAME=MS[,...] (e.g. "
+                       "premium:ttft_p99_ms=300)")
+    bounds: dict[str, float] = {}
+    for part in (p.strip() for p in rest.split(",")):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in SLO_BOUNDS:
+            raise CliError(f"{option} {name.strip()}: '{part}' is not NAME=MS with NAME among "
+                           f"{', '.join(SLO_BOUNDS)}")
+        try:
+            bounds[key] = float(value)
+        except ValueError:
+            raise CliError(f"{option} {name.strip()}: {key}: '{value}' is not a number") from None
+    if not bounds:
+        raise CliError(f"{option} {name.strip()}: state at least one bound "
+                       f"({', '.join(SLO_BOUNDS)})")
+    return name.strip(), bounds
+
+
 # ----------------------------------------------------------------------------- option types
 def _number(text: str, conv: Callable[[str], T], what: str) -> T:
     try:

@@ -59,12 +59,15 @@ DEFAULT_THROUGHPUT_TOL = 0.001
 
 def observed_p99(m: RunMetrics) -> tuple[float, float]:
     """(p99 TTFT, p99 ITL) in ms of one run: the SLO judgement's observed value for a bound the
-    run's SLO states (an unserved request counts as an infinite TTFT there), else the run's own
-    p99 (completed requests); NaN when the configuration did not start."""
+    run's SLO states (an unserved request counts as an infinite TTFT there; with adapter classes,
+    the largest over the classes that state it), else the run's own p99 (completed requests);
+    NaN when the configuration did not start."""
     obs = (m.slo or {}).get("observed", {})
-    ttft = obs.get("ttft_p99_ms", m.p99_ttft_ms)
-    itl = obs.get("itl_p99_ms", m.p99_itl_ms)
-    return float(ttft), float(itl)
+
+    def worst(bound: str, own: float) -> float:     # over the top level and the SLO's classes
+        vals = [v for k, v in obs.items() if k.rpartition(":")[2] == bound and v == v]
+        return float(max(vals)) if vals else float(own)
+    return worst("ttft_p99_ms", m.p99_ttft_ms), worst("itl_p99_ms", m.p99_itl_ms)
 
 
 def ladder(hi: int, near: Sequence[int] = ()) -> list[int]:
