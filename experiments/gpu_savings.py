@@ -222,14 +222,16 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
 def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks: int) -> str:
     """What a stored point depends on: instance content, method, window, options and the twin's
-    fingerprint of every profile (a twin change reruns the point; the row records the commit it
-    was measured on)."""
+    fingerprint of every profile, and under a client-view SLO the fitted latency-tail constants
+    (a twin change reruns the point; the row records the commit it was measured on)."""
     import hashlib
-    from optim.capacity import twin_fingerprint
-    blob = json.dumps({"instance": inst.to_dict(), "method": method, "duration_s": duration_s,
-                       "max_extra": max_extra, "pair_checks": pair_checks,
-                       "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]},
-                      sort_keys=True, default=str)
+    from optim.capacity import slo_key, twin_fingerprint
+    key = {"instance": inst.to_dict(), "method": method, "duration_s": duration_s,
+           "max_extra": max_extra, "pair_checks": pair_checks,
+           "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]}
+    if inst.slo is not None:            # a client-view SLO: the latency tail's constants too
+        key["slo"] = [slo_key(t.load_profile(), inst.slo) for t in inst.gpu_types]
+    blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -222,6 +222,20 @@ def twin_fingerprint(prof: GpuProfile) -> str:
     return _fingerprints[key]
 
 
+def slo_key(prof: GpuProfile, slo: Slo | None) -> dict | None:
+    """What a twin verdict under ``slo`` depends on beyond the engine (``twin_fingerprint``):
+    the SLO and, when it judges a client's latencies, the profile's fitted latency-tail
+    constants (``twin.latency_tail``) — a refit of those changes every such verdict."""
+    if slo is None:
+        return None
+    tail = None
+    if slo.latency == "client":
+        from twin.latency_tail import latency_tail_for
+        t = latency_tail_for(prof)
+        tail = None if t is None else t.to_dict()
+    return {"slo": slo.to_dict(), "latency_tail": tail}
+
+
 def _limit_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, duration_s: float,
                seeds: tuple[int, ...], threshold: float, slo: Slo | None = None) -> str:
     key = {"v": _LIMIT_VERSIONS[n > 1], "profile": prof.to_dict(), "rank": rank, "n": n,
@@ -229,7 +243,7 @@ def _limit_key(prof: GpuProfile, rank: int, n: int, lengths: LengthModel, durati
            "seeds": list(seeds), "threshold": float(threshold),
            "sigmas": SPREAD_SIGMAS, "rtol": LIMIT_RTOL, "twin": twin_fingerprint(prof)}
     if slo is not None:                 # a limit under a latency SLO too
-        key["slo"] = slo.to_dict()
+        key["slo"] = slo_key(prof, slo)
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -364,7 +364,7 @@ def _gpu_key(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s:
     """Disk-cache key of :func:`gpu_excluded` (or of another check named ``what``): everything its
     replays depend on (the adapters in order, the rank, lengths, window, seeds, threshold, every
     type's profile and twin fingerprint)."""
-    from .capacity import SPREAD_SIGMAS, twin_fingerprint
+    from .capacity import SPREAD_SIGMAS, slo_key, twin_fingerprint
     types = []
     for t in inst.gpu_types:
         prof = t.load_profile()
@@ -375,7 +375,7 @@ def _gpu_key(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s:
            "bound_seeds": list(_bound_seeds(inst)), "sigmas": SPREAD_SIGMAS,
            "threshold": float(inst.starvation_threshold), "types": types}
     if inst.slo is not None:                # the verdict judges the SLO too
-        key["slo"] = inst.slo.to_dict()
+        key["slo"] = [slo_key(t.load_profile(), inst.slo) for t in inst.gpu_types]
     blob = json.dumps(key, sort_keys=True, default=str)
     return f"{what}:" + hashlib.sha256(blob.encode()).hexdigest()
 

@@ -184,3 +184,32 @@ def test_plan_takes_classes_from_the_csv_and_slo_class(tmp_path):
         slo_class_argument("premium")
     with pytest.raises(CliError, match="'fast' is not a number"):
         slo_class_argument("premium:ttft_p99_ms=fast")
+
+
+def test_a_latency_tail_refit_invalidates_the_cached_slo_verdicts(monkeypatch):
+    """Carry limits and exclusions under a client-view SLO are cached by a key that holds the
+    fitted latency-tail constants (a refit changes every such verdict); engine-view and plain
+    keys do not depend on them."""
+    from dataclasses import replace as dc_replace
+    import twin.latency_tail as LT
+    from optim.capacity import _limit_key
+    from optim.feasibility import _gpu_key
+    from twin.lengths import default_lengths
+    from twin.profile import load_profile
+    prof = load_profile(PROFILE)
+    client, engine = Slo(ttft_p99_ms=500), Slo(ttft_p99_ms=500, latency="engine")
+    inst = _inst({"ttft_p99_ms": 500})
+
+    def keys():
+        return (_limit_key(prof, 8, 1, default_lengths(), 600.0, (0, 1), 0.9, client),
+                _limit_key(prof, 8, 1, default_lengths(), 600.0, (0, 1), 0.9, engine),
+                _limit_key(prof, 8, 1, default_lengths(), 600.0, (0, 1), 0.9),
+                _gpu_key(inst, inst.adapters, 8, 600.0))
+    before = keys()
+    tail = LT.latency_tail_for(prof)
+    assert tail is not None
+    refit = dc_replace(tail, cold_start_ms=tail.cold_start_ms + 1.0)
+    monkeypatch.setattr(LT, "latency_tail_for", lambda p: refit)
+    after = keys()
+    assert after[0] != before[0] and after[3] != before[3]
+    assert after[1:3] == before[1:3]
