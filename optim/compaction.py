@@ -24,8 +24,10 @@ for the twin.
 Where the load-balanced spread fails — under a latency SLO the GPUs differ in what they can
 carry (many light adapters cost slots and per-adapter work; a p99 ITL bound binds on them long
 before the load does), so an even spread of the load is the wrong shape — a *drain* takes one GPU
-away at a time instead (placements of at most ``DRAIN_MAX_GPUS`` GPUs, the ``DRAIN_CANDIDATES``
-least-loaded GPUs tried in turn):
+away at a time instead (placements of at most ``DRAIN_MAX_GPUS`` GPUs; the ``DRAIN_CANDIDATES``
+least-loaded GPUs of at most ``DRAIN_MAX_ADAPTERS`` adapters tried in turn; all drains of one
+compaction replay at most ``DRAIN_MAX_REQUESTS`` simulated requests, so their cost is bounded
+and the same on every machine):
 
 1. the drained GPU's adapters, heaviest first, each move onto another GPU — the
    ``DRAIN_RECEIVERS`` least-loaded ones tried in turn — where the twin accepts it with its new
@@ -69,12 +71,31 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
 
 
 DRAIN_MAX_GPUS = 32       # drains only on placements of at most this many GPUs
+DRAIN_MAX_ADAPTERS = 16   # ... and of GPUs holding at most this many adapters
 DRAIN_CANDIDATES = 4      # least-loaded GPUs a drain round tries to empty
 DRAIN_RECEIVERS = 6       # least-loaded GPUs tried for each moved adapter
+DRAIN_MAX_REQUESTS = 2e7  # simulated requests all drains of one compaction may replay
 
 
-def _drain(inst: Instance, p: Placement, g: int, duration_s: float,
-           workers: int | None) -> Placement | None:
+class _Budget:
+    """Simulated requests the drains may still replay (a deterministic cap on their cost:
+    twin replays of big GPUs over long windows take minutes each)."""
+
+    def __init__(self, requests: float) -> None:
+        self.left = float(requests)
+
+    def search(self, inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
+               workers: int | None) -> GpuPlan | None:
+        """``twin_best_amax`` charged to the budget; None once it is spent."""
+        if self.left <= 0:
+            return None
+        best, runs = twin_best_amax(inst, plan, seed, duration_s, workers)
+        self.left -= runs * duration_s * sum(a.rate * s for a, s in plan.adapters)
+        return best
+
+
+def _drain(inst: Instance, p: Placement, g: int, duration_s: float, workers: int | None,
+           budget: _Budget) -> Placement | None:
     """``p`` without GPU ``g`` (module docstring, the drain), verified and accepted, or None."""
     others = [i for i in range(p.n_gpus) if i != g]
     plans = {i: p.gpus[i] for i in others}
@@ -85,7 +106,7 @@ def _drain(inst: Instance, p: Placement, g: int, duration_s: float,
             b = plans[i]
             draft = plan_gpu(b.gpu_type, b.profile, 1, b.adapters + ((a, share),),
                              inst.mean_tokens)
-            best, _ = twin_best_amax(inst, draft, inst.seed + index[i], duration_s, workers)
+            best = budget.search(inst, draft, inst.seed + index[i], duration_s, workers)
             if best is not None:
                 plans[i] = best
                 searched.add(i)
@@ -94,7 +115,7 @@ def _drain(inst: Instance, p: Placement, g: int, duration_s: float,
             return None
     for i in others:
         if i not in searched and index[i] != i:
-            best, _ = twin_best_amax(inst, plans[i], inst.seed + index[i], duration_s, workers)
+            best = budget.search(inst, plans[i], inst.seed + index[i], duration_s, workers)
             if best is None:
                 return None
             plans[i] = best
@@ -116,6 +137,7 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
     splits = any(share < 1.0 for g in placement.gpus for _, share in g.adapters)
     if placement.verdict == "accepted" and not splits:
         changes = list(placement.repairs)
+        budget = _Budget(DRAIN_MAX_REQUESTS)
         while p.n_gpus - 1 >= lb:
             tries += 1
             smaller = _attempt(inst, p, p.n_gpus - 1, dur, workers)
@@ -127,9 +149,11 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
                 continue
             if p.n_gpus > DRAIN_MAX_GPUS:
                 break
-            light = sorted(range(p.n_gpus), key=lambda i: (p.gpus[i].offered_tps, i))
+            light = sorted((i for i in range(p.n_gpus)
+                            if p.gpus[i].n_adapters <= DRAIN_MAX_ADAPTERS),
+                           key=lambda i: (p.gpus[i].offered_tps, i))
             for g in light[:DRAIN_CANDIDATES]:
-                smaller = _drain(inst, p, g, dur, workers)
+                smaller = _drain(inst, p, g, dur, workers, budget)
                 if smaller is not None:
                     break
             if smaller is None:

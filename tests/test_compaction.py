@@ -131,6 +131,7 @@ def test_a_drain_empties_the_lightest_gpus_when_the_even_spread_fails(monkeypatc
                   for g in groups)
     three = verify(Placement(inst.name, "given", "solved", plans), inst, duration_s=DUR)
     assert three.verdict == "accepted" and three.n_gpus == 3
+    assert C._drain(inst, three, 1, DUR, None, C._Budget(0)) is None   # a spent budget stops it
     monkeypatch.setattr(C, "_attempt", lambda *a, **k: None)
     out = compact(inst, three, DUR)
     assert out.verdict == "accepted" and out.n_gpus < 3
@@ -139,4 +140,4 @@ def test_a_drain_empties_the_lightest_gpus_when_the_even_spread_fails(monkeypatc
         a.id for a in inst.adapters)
     assert all(g.verified is not None and g.verified.ok for g in out.gpus)
     assert out.n_gpus == 1                          # 6 x 0.2 req/s: one GPU's worth
-    assert C._drain(inst, out, 0, DUR, None) is None     # the last GPU has nowhere to go
+    assert C._drain(inst, out, 0, DUR, None, C._Budget(1e6)) is None   # nowhere to go
