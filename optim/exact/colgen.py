@@ -25,6 +25,15 @@ discrepancy search revisits the first choices: a node may try the next ``D`` can
 one a discrepancy, forbidding the ones tried before it in its subtree. First-fit decreasing on
 the residual items closes a node early. A dive is exact for what it returns (every bin is
 checked); ``None`` says nothing about the target.
+
+**Completion search** (the proof, after the dives; Korf's bin completion with the relaxation
+as bound): a node takes the heaviest item left and branches over every *maximal* bin holding it
+(no item left fits beside it) whose waste is at most the node's slack ``left x C - load left``.
+Some packing into ``left`` bins has such a first bin when any has (moving items into a bin
+never adds one, and with exactly ``left`` bins the wastes add up to the slack), so a search that
+ends without a packing proves the target infeasible and the bound rises by one; a node whose
+relaxation restricted to patterns within its slack needs more bins than it has left is
+abandoned, and children go in order of their LP value.
 """
 
 from __future__ import annotations
@@ -176,7 +185,7 @@ class DiveResult:
     """A column-generation bound and, when the dive met its target, a packing.
 
     ``lower_bound``: the proven bound (the exact Farley bound at the root, ``known_bound``, or
-    one above a target the restricted relaxation excludes); ``lp_value``: the root master LP value; ``bins``: item indices per bin,
+    one above a target the restricted relaxation or the completion search excludes); ``lp_value``: the root master LP value; ``bins``: item indices per bin,
     at most ``target`` bins, or ``None``; ``nodes``: dive nodes solved; ``columns``: patterns
     generated."""
 
@@ -345,10 +354,73 @@ class _Search:
             tried.add(p)
         return None
 
+    def complete(self, target: int) -> tuple[bool, list[np.ndarray] | None]:
+        """The completion search (module docstring): (decided, patterns). Decided with patterns:
+        a packing into ``target`` bins; decided without: none exists; undecided: out of time."""
+        return self._complete(self.demand.copy(), [], target)
+
+    def _complete(self, demand, fixed, target) -> tuple[bool, list[np.ndarray] | None]:
+        if self.timed_out():
+            return False, None
+        if demand.sum() == 0:
+            return True, fixed
+        left = target - len(fixed)
+        slack = self.slack(demand, left)
+        if slack < 0:
+            return True, None
+        ffd = _ffd_types(self.tw, demand, self.cap)
+        if len(ffd) <= left:
+            return True, fixed + ffd
+        self.nodes += 1
+        lb, x, _ = self.relax(demand, slack, stop_at=left + 1)
+        if lb > left:
+            return True, None
+        value = {self.master.patterns[p].tobytes(): v for p, v in enumerate(x) if v > EPS}
+        kids = completions(self.tw, demand, self.cap, slack)
+        kids.sort(key=lambda a: (-value.get(a.tobytes(), 0.0), -int(a @ self.tw)))
+        for a in kids:
+            decided, pats = self._complete(demand - a, fixed + [a], target)
+            if not decided or pats is not None:
+                return decided, pats
+        return True, None
+
     def to_bins(self, patterns: list[np.ndarray]) -> list[list[int]]:
         pools = [list(m) for m in self.members]
         return [[pools[j].pop() for j in np.flatnonzero(a) for _ in range(int(a[j]))]
                 for a in patterns]
+
+
+def completions(tw: np.ndarray, demand: np.ndarray, cap: int, slack: int) -> list[np.ndarray]:
+    """Every maximal bin (count vector ``a <= demand``; no item left beside it fits) holding one
+    item of the heaviest type left (``tw`` heaviest first) with a load of at least
+    ``cap - slack``."""
+    m = len(tw)
+    j0 = int(np.flatnonzero(demand)[0])
+    avail = demand.copy()
+    avail[j0] -= 1
+    rest = np.concatenate([np.cumsum((avail * tw)[::-1])[::-1], [0]])   # weight left from j on
+    out: list[np.ndarray] = []
+    a = np.zeros(m, np.int64)
+    a[j0] = 1
+    floor = cap - slack
+
+    def rec(j: int, room: int, skipped: int) -> None:
+        if cap - room + rest[j] < floor:            # cannot reach the load floor any more
+            return
+        if j == m:
+            if room < skipped:                      # maximal: nothing left out would fit
+                out.append(a.copy())
+            return
+        if avail[j] == 0 or tw[j] > room:
+            rec(j + 1, room, skipped)
+            return
+        for c in range(min(int(avail[j]), room // int(tw[j])), -1, -1):
+            a[j] += c
+            rec(j + 1, room - c * int(tw[j]), skipped if c == avail[j] else min(skipped, int(tw[j])))
+            a[j] -= c
+
+    rec(0, cap - int(tw[j0]), cap + 1)
+    return out
 
 
 def _ffd_types(tw: np.ndarray, demand: np.ndarray, cap: int) -> list[np.ndarray]:
@@ -376,9 +448,10 @@ def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
     """The root bound of ``weights`` in bins of ``capacity`` and, while ``incumbent`` (bins of
     a packing already known) is above the target ``max(root bound, known_bound)``, a dive for
     a packing into the target, by rounds of limited discrepancy search with 0, 1, ..
-    ``max_discrepancy`` discrepancies, until ``deadline`` (``time.perf_counter``). Where the
-    relaxation restricted to the target's slack excludes the target, the bound rises to it
-    plus one and the dive goes on there."""
+    ``max_discrepancy`` discrepancies, then the completion search, until ``deadline``
+    (``time.perf_counter``). Where the relaxation restricted to the target's slack excludes
+    the target, or the completion search ends without a packing, the bound rises to it plus
+    one and the search goes on there."""
     t0 = time.perf_counter()
     if not weights:
         return DiveResult(0, 0.0, [], 0, 0, 0.0)
@@ -396,8 +469,12 @@ def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
                 bins = s.to_bins(pats)
             if pats is not None or s.root_excluded or s.timed_out():
                 break
-        if not s.root_excluded:
-            break
+        if not s.root_excluded:             # the dives say nothing: the completion search
+            decided, pats = s.complete(tgt)
+            if pats is not None:
+                bins = s.to_bins(pats)
+            if not decided or pats is not None:
+                break
         lb = tgt = tgt + 1                  # no packing into tgt bins
     if bins is not None:
         assert all(sum(weights[i] for i in b) <= capacity for b in bins)
