@@ -90,7 +90,7 @@ class _Budget:
         if self.left <= 0:
             return None
         best, runs = twin_best_amax(inst, plan, seed, duration_s, workers)
-        self.left -= runs * duration_s * sum(a.rate * s for a, s in plan.adapters)
+        self.left -= runs * duration_s * plan.offered_tps / inst.mean_tokens   # requests replayed
         return best
 
 

@@ -182,6 +182,11 @@ class Slo:
             out.update({f"{c.name}:{n}": v for n, v in g.bounds().items()})
         return out
 
+    def bounds_itl(self) -> bool:
+        """Whether any group (the top level or a class) bounds the inter-token latency."""
+        return "itl_p99_ms" in self.bounds() or any("itl_p99_ms" in dict(c.bounds)
+                                                    for c in self.classes)
+
     def adapter_class(self) -> dict[str, str]:
         """Adapter id -> its class name (adapters of no class are absent)."""
         return {i: c.name for c in self.classes for i in c.adapters}
@@ -372,8 +377,7 @@ def evaluate_slo(slo: Slo, arrival: np.ndarray, first_t: np.ndarray, finish_t: n
     itl_q = None
     if client is not None and slo.latency == "client":
         offset = client.offsets_ms / 1000.0
-        if "itl_p99_ms" in slo.bounds() or any("itl_p99_ms" in dict(c.bounds)
-                                               for c in slo.classes):
+        if slo.bounds_itl():
             itl_q = client.itl_quantiles_ms(itl_hist, (slo.attainment,))[0]
     itl_observed = (hist_quantile_upper(itl_hist, slo.attainment) if itl_q is None
                     else float(itl_q))

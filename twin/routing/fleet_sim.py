@@ -234,8 +234,7 @@ class RoutedFleetResult:
         simulated adapters' ids, by index). The routed simulation keeps no inter-token gaps, so
         an ITL bound is refused rather than passed unjudged."""
         from twin.slo import evaluate_slo
-        if slo.itl_p99_ms is not None or any("itl_p99_ms" in dict(c.bounds)
-                                              for c in slo.classes):
+        if slo.bounds_itl():
             raise ValueError("slo.itl_p99_ms: the routed fleet simulation does not record "
                              "inter-token gaps; judge routing on TTFT / E2E bounds")
         return evaluate_slo(slo, self.requests.arrival_s, self.first_t, self.finish_t,
