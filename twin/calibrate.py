@@ -44,10 +44,12 @@ relative to a profile's own LoRA cost, so it is shared by every profile (the Qwe
 rank 8 only, like Llama's); without the max-search file c10 stays 0 and the report says so.
 Slot terms (stage 4, :mod:`twin.slot_fit`): the LoRA windows all run at 300 slots, so the terms
 that grow with slots, adapters and LoRA tiles (c5-c8) are pinned at one point; where the data
-folder holds max-search runs of the model (``RANK_RUNS``), they are refitted on its saturated
-runs replayed in the twin, together with the LoRA windows (window weight by cross-rank
-validation). Never on the validation runs. Without such runs (Qwen here) stage 4 is skipped and
-the report says so.
+folder holds max-search runs of the model (``RANK_RUNS``), they are refitted on those runs
+replayed in the twin (throughput of the saturated ones, mean ITL of those that kept up),
+together with the LoRA windows (weights by cross-rank validation). Never on the validation
+runs. A model without such runs (Qwen here) takes the shipped ``RANK_RUNS_MODEL`` profile's
+stage-4 correction, scaled by the ratio of the two models' LoRA cost on their own windows
+(``twin.slot_fit.transfer_slot_terms``; calibrate that profile first); the report says which.
 Data from ``python -m twin.harness profile`` has LoRA prefill windows at ``max_lora_rank`` 8, 16
 and 32 instead: when the windows hold more than one rank, stage 2 fits c10 with the other terms
 (a bounded 1-D search over c10, NNLS at each value) and stage 3 is not used. Its windows also
@@ -534,6 +536,20 @@ def validation_check(coef, validation_csv: Path, mean_in: float = 223.0,
               "mean_waiting", "preemptions_total", "mean_itl_ms", "pred_step_ms"]]
 
 
+def _slot_reference(model: str):
+    """The shipped profile whose stage-4 fit a model without max-search runs takes over
+    (``twin.slot_fit.transfer_slot_terms``): the ``RANK_RUNS_MODEL`` profile, fitted first;
+    None for that model itself or when it is not shipped."""
+    if model == RANK_RUNS_MODEL:
+        return None
+    from .profile import load_profile
+    try:
+        ref = load_profile(RANK_RUNS_MODEL)
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+    return ref if "before" in (ref.fit_report or {}).get("slot_terms", {}) else None
+
+
 def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool = False,
               slots: bool = True, workers: int | None = None) -> tuple[GpuProfile, dict]:
     """Fit a profile for ``model`` from ``<data_dir>/calibration``; returns (profile, report).
@@ -595,11 +611,13 @@ def calibrate(data_dir: Path, model: str, name: str | None = None, refine: bool 
     if slots:
         prof = replace(prof, step_coef=tuple(float(c) for c in coef))
         coef, rep["slot_terms"] = slot_terms_from_data(prof, win_rows, data_dir, RANK_RUNS,
-                                                       workers)
+                                                       workers, _slot_reference(model))
         prof = replace(prof, source={**prof.source, "slot_terms": rep["slot_terms"].get(
-            "note") or (f"c5-c8 refitted on the saturated {model} runs of {RANK_RUNS} with the "
-                        "LoRA windows (twin.slot_fit; window weight "
-                        f"{rep['slot_terms']['window_weight']} by cross-rank validation)")})
+            "note") or (f"c5-c8 refitted on the {model} runs of {RANK_RUNS} (throughput of the "
+                        "saturated ones, mean ITL of those that kept up) with the LoRA windows "
+                        f"(twin.slot_fit; window / ITL weights {rep['slot_terms']['window_weight']}"
+                        f" / {rep['slot_terms']['itl_weight']} by cross-rank validation, "
+                        f"{len(rep['slot_terms']['passes'])} passes)")})
     if refine or slots:
         rep["step_time"] = _window_fit(win_rows, coef, rep["step_time"])
         rep["sanity"] = sanity_points(coef)

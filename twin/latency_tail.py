@@ -345,10 +345,18 @@ def _ttft_stats(s: ReplaySample, base: float, cold: float) -> tuple[float, float
     return float(t.mean()), *(float(v) for v in np.percentile(t, [50, 99]))
 
 
-def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
+ITL_STARTS = ((0.067, 134.0, 19.0, 0.78, 0.23, 0.1),      # frequent, short delivery delays
+              (0.023, 1156.0, 164.0, 0.69, 0.08, 0.32))   # rare, long ones
+
+
+def fit_latency_tail(samples: list[ReplaySample],
+                     previous: LatencyTail | None = None) -> tuple[LatencyTail, dict]:
     """Least SMAPE fit (Nelder-Mead, deterministic starts): the TTFT terms on the mean, median
     and p99 TTFT of the runs the real server did not starve, the delivery delays on the p99 ITL
-    of every run. Returns the constants and a report of the SMAPE before / after."""
+    of every run. The p99 ITL objective has separate basins (frequent short delays, rare long
+    ones), so it is started from each of ``ITL_STARTS`` and from ``previous`` (the constants
+    being replaced) and the least SMAPE wins. Returns the constants and a report of the SMAPE
+    before / after."""
     from scipy.optimize import minimize
 
     unst = [s for s in samples if not s.starved]
@@ -381,8 +389,14 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
             return 1e9
         return _smape(y_i, itl_pred(x))
 
-    r2 = minimize(itl_obj, [0.067, 134.0, 19.0, 0.78, 0.23, 0.1], method="Nelder-Mead",
-                  options={"maxiter": 600, "xatol": 1e-3, "fatol": 1e-3})
+    starts = [list(x) for x in ITL_STARTS]
+    if previous is not None:
+        starts.append([previous.itl_delay_prob, previous.itl_delay_ms,
+                       previous.itl_delay_half_running, previous.itl_delay_adapter_exp,
+                       previous.itl_delay_active_exp, previous.itl_delay_queue_exp])
+    r2 = min((minimize(itl_obj, x0, method="Nelder-Mead",
+                       options={"maxiter": 600, "xatol": 1e-3, "fatol": 1e-3})
+              for x0 in starts), key=lambda r: float(r.fun))
     a0, ar, an, c = (float(v) for v in r1.x)
     p, mu0, r0, b, e, w = (float(v) for v in r2.x)
     tail = LatencyTail(ttft_base_ms=a0, ttft_per_running_ms=ar, ttft_per_adapter_ms=an,
@@ -437,7 +451,12 @@ def main(argv=None) -> int:
     except FileNotFoundError as e:
         print(f"error: --fit: {e}", file=sys.stderr)
         return 2
-    tail, report = fit_latency_tail(samples)
+    try:
+        previous = LatencyTail.from_dict(
+            _constants_file_entries(Path(a.out))[a.profile]["constants"])
+    except (OSError, KeyError, ValueError):
+        previous = None
+    tail, report = fit_latency_tail(samples, previous)
     print(json.dumps({"constants": tail.to_dict(), "fit": report}, indent=2))
     if not a.dry_run:
         write_constants(tail, a.profile, report, a.fit, Path(a.out))

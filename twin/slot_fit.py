@@ -1,29 +1,40 @@
-"""Calibration stage 4: the LoRA step-time terms that grow with slots, adapters and LoRA tiles,
-refitted on simulated max-search runs.
+"""Calibration stage 4: the LoRA step-time terms that grow with slots, rank, adapters and LoRA
+tiles, refitted on simulated max-search runs.
 
 Every profiling window with LoRA runs at one slot count (300) and rank 8, so stage 2 pins the
-terms that depend on the server's slots and the batch's adapters — c5 (per slot), c6 (tokens x
-slots), c7 (per adapter in the batch) and c8 (per LoRA tile) — at that one point only. Replayed
-end to end, the twin was then a few percent slow on servers with few slots and a few percent fast
-on servers with many. This stage refits those four terms on the model's max-search runs
-(``validation_llama/maxsearch_llama.csv``; never the validation runs, which
-``experiments.twin_fidelity`` replays) together with the LoRA profiling windows:
+terms that depend on the server's slots and the batch's adapters — c5 (per slot, growing with
+the padded rank above 8), c6 (tokens x slots), c7 (per adapter in the batch) and c8 (per LoRA
+tile) — at that one point only. Replayed end to end, the twin was then a few percent slow on
+saturated servers with few slots and fast on those with many, and 10-22 % fast (mean ITL) on
+every moderately loaded server, more so with more slots and at rank 32. This stage refits those
+four terms on the model's max-search runs (``validation_llama/maxsearch_llama.csv``; never the
+validation runs, which ``experiments.twin_fidelity`` replays) together with the LoRA profiling
+windows:
 
-1. every saturated run (real throughput < ``SATURATED_RATIO`` x offered) is replayed in the twin
-   with the coefficients of stages 1-3, as the fidelity check replays a run (ShareGPT lengths of
-   the run's prompt pool, the benchmark client's waiting limit, seed 0). A saturated server's
-   throughput is inversely proportional to its step time, so the mean step time the run needed
-   is ``twin step x twin throughput / real throughput``; a run's mean step time is linear in its
-   mean design row (``step_time.accumulate_design``);
-2. non-negative least squares on relative error over those runs (total weight 1) and the LoRA
-   windows (total weight ``w``), every other coefficient fixed — c4 (LoRA cost per step,
-   whatever the slots) keeps its profiling value;
-3. ``w`` is chosen from ``WINDOW_WEIGHTS`` by cross-rank validation: fit on the
-   ``max_lora_rank`` 16 runs and predict the rank-32 runs, and the reverse; the weight of least
-   held-out error is used for the final fit on every run.
+1. every run is replayed in the twin as the fidelity check replays a run (ShareGPT lengths of
+   the run's prompt pool, the benchmark client's waiting limit, seed 0). A *saturated* run
+   (real throughput < ``SATURATED_RATIO`` x offered) has a throughput inversely proportional
+   to its step time, so the mean step time it needed is ``twin step x twin throughput / real
+   throughput``; a run that *keeps up* carries no step time in its throughput, but its mean
+   inter-token latency is its decode steps' mean length, so it needed ``twin step x real mean
+   ITL / twin mean ITL``. A run's mean step time is linear in its mean design row
+   (``step_time.accumulate_design``);
+2. non-negative least squares on relative error over the saturated runs (total weight 1), the
+   runs that keep up (total weight ``u``) and the LoRA windows (total weight ``w``), every
+   other coefficient fixed — c4 (LoRA cost per step, whatever the slots) keeps its profiling
+   value;
+3. ``(w, u)`` is chosen from ``WINDOW_WEIGHTS`` x ``ITL_WEIGHTS``: the pair of least mean of
+   two errors, the runs' held-out error under cross-rank validation (fit on the
+   ``max_lora_rank`` 16 runs and predict the rank-32 runs, and the reverse) and the windows'
+   error of the fit on every run. Both are real measurements of the server, and the runs alone
+   would trade the windows away (a fit on the runs' error alone takes the smallest window
+   weight and misses the 105-adapter decode windows by 11 %); the chosen pair's fit on every
+   run is kept;
+4. a slower twin holds more requests per step, so the runs are replayed again with the new
+   terms and steps 1-3 repeated (``PASSES`` passes in all).
 
-One pass (the design rows are those of the stage 1-3 twin); the report lists the held-out error
-per weight, the windows' fit and the runs' fit before and after.
+The report lists the held-out error per weight pair, the windows' fit and the runs' fit before
+and after each pass.
 """
 
 from __future__ import annotations
@@ -38,8 +49,10 @@ import pandas as pd
 from .profile import GpuProfile
 from .step_time import FEATURE_NAMES, LINEAR_IDX, design_matrix
 
-SLOT_TERMS = (5, 6, 7, 8)                 # per slot, tokens x slots, per adapter, per LoRA tile
+SLOT_TERMS = (5, 6, 7, 8)      # per slot and rank, tokens x slots, per adapter, per LoRA tile
 WINDOW_WEIGHTS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0)
+ITL_WEIGHTS = (0.0, 0.25, 0.5, 1.0)       # total weight of the runs that keep up (their ITL)
+PASSES = 2
 SATURATED_RATIO = 0.95                    # real throughput / offered below this: saturated
 RUN_COLUMNS = ("status", "model", "max_loras", "max_lora_rank", "adapter_rank_counts",
                "rate_counts", "total_time_s", "pool_mean_input_len", "pool_mean_output_len",
@@ -54,6 +67,19 @@ def saturated_runs(runs: pd.DataFrame, model: str) -> pd.DataFrame:
         raise ValueError(f"max-search runs lack columns {missing}")
     r = runs[(runs.status == "ok") & (runs.model == model) & (runs.max_loras > 0)
              & (runs.throughput_to_offered_ratio < SATURATED_RATIO)]
+    same = [counts_agree(a, b) for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
+    return r[np.array(same, dtype=bool)].reset_index(drop=True)
+
+
+def unsaturated_runs(runs: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The ok, replayable runs of ``model`` that kept up with their load (real throughput >=
+    ``SATURATED_RATIO`` x offered) and report a mean ITL."""
+    missing = [c for c in RUN_COLUMNS + ("mean_itl_ms",) if c not in runs.columns]
+    if missing:
+        raise ValueError(f"max-search runs lack columns {missing}")
+    r = runs[(runs.status == "ok") & (runs.model == model) & (runs.max_loras > 0)
+             & (runs.throughput_to_offered_ratio >= SATURATED_RATIO)
+             & runs.mean_itl_ms.notna() & (runs.mean_itl_ms > 0)]
     same = [counts_agree(a, b) for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
     return r[np.array(same, dtype=bool)].reset_index(drop=True)
 
@@ -96,9 +122,9 @@ def _opt_int(v) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
 
-def replay_design(args: tuple) -> tuple[np.ndarray, float, float]:
-    """(mean design row, mean step time in ms without adapter loads, throughput tok/s) of one
-    run replayed in the twin with ``profile``."""
+def replay_design(args: tuple) -> tuple[np.ndarray, float, float, float]:
+    """(mean design row, mean step time in ms without adapter loads, throughput tok/s, mean
+    ITL ms) of one run replayed in the twin with ``profile``."""
     from . import kernel as K
     from .metrics import compute_metrics
     from .server import run_kernel
@@ -117,7 +143,7 @@ def replay_design(args: tuple) -> tuple[np.ndarray, float, float]:
                         profile.block_size)
     steps = max(float(run.stats[K.ST_STEPS]), 1.0)
     step_ms = (run.stats[K.ST_BUSY_S] - run.stats[K.ST_LOAD_S]) / steps * 1000.0
-    return run.mean_design_row(), float(step_ms), float(m.throughput_tps)
+    return run.mean_design_row(), float(step_ms), float(m.throughput_tps), float(m.mean_itl_ms)
 
 
 def _nnls(coef: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, float]]) -> np.ndarray:
@@ -140,82 +166,177 @@ def _nnls(coef: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, float]]) -
 
 
 def _mape(y: np.ndarray, p: np.ndarray) -> float:
+    if len(y) == 0:
+        return float("nan")
     return float(100.0 * np.mean(np.abs(p / y - 1.0)))
 
 
-def fit_slot_terms(profile: GpuProfile, win_rows: pd.DataFrame, runs: pd.DataFrame,
-                   workers: int | None = None) -> tuple[np.ndarray, dict]:
-    """Stage 4 (module docstring): ``profile``'s step coefficients with ``SLOT_TERMS`` refitted
-    on the saturated ``runs`` of its model and the LoRA rows of ``win_rows``; returns
-    (coefficients, report)."""
+def _replay_all(profile: GpuProfile, cfgs: list[dict], workers: int | None,
+                desc: str) -> list[tuple]:
     from tqdm import tqdm
 
+    from .fleet import worker_pool
+    with worker_pool(workers or os.cpu_count() or 1) as pool:
+        return list(tqdm(pool.map(replay_design, [(profile, c) for c in cfgs], chunksize=4),
+                         total=len(cfgs), desc=desc, leave=False))
+
+
+def _needed_steps(sims: list[tuple], real_tps: np.ndarray, real_itl: np.ndarray,
+                  saturated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(design rows, needed mean step times) of replayed runs (module docstring, step 1)."""
+    F = np.vstack([s[0] for s in sims])
+    step = np.array([s[1] for s in sims])
+    tps = np.array([s[2] for s in sims])
+    itl = np.array([s[3] for s in sims])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(saturated, step * tps / real_tps, step * real_itl / itl)
+    return F, need
+
+
+def fit_slot_terms(profile: GpuProfile, win_rows: pd.DataFrame, runs: pd.DataFrame,
+                   workers: int | None = None, passes: int = PASSES) -> tuple[np.ndarray, dict]:
+    """Stage 4 (module docstring): ``profile``'s step coefficients with ``SLOT_TERMS`` refitted
+    on the saturated runs of its model, those that kept up (where ``runs`` has ``mean_itl_ms``)
+    and the LoRA rows of ``win_rows``; returns (coefficients, report)."""
     sat = saturated_runs(runs, profile.model)
     ranks = sorted(int(r) for r in sat.max_lora_rank.unique())
     if len(sat) < 20 or len(ranks) < 2:
         raise ValueError(f"slot terms: need >= 20 saturated max-search runs of {profile.model} "
                          f"over >= 2 max_lora_rank values, got {len(sat)} with ranks {ranks}")
-    coef = np.array(profile.step_coef, dtype=float)
-    cfgs = sat.to_dict("records")
-    from .fleet import worker_pool
-    with worker_pool(workers or os.cpu_count() or 1) as pool:
-        sims = list(tqdm(pool.map(replay_design, [(profile, c) for c in cfgs], chunksize=4),
-                         total=len(cfgs), desc="stage 4: replaying max-search runs",
-                         leave=False))
-    F = np.vstack([s[0] for s in sims])
-    step = np.array([s[1] for s in sims])
-    twin_tps = np.array([s[2] for s in sims])
-    need = step * twin_tps / sat.total_throughput_tps.to_numpy(float)
+    uns = unsaturated_runs(runs, profile.model) if "mean_itl_ms" in runs.columns \
+        else sat.iloc[:0]
+    both = pd.concat([sat, uns], ignore_index=True)
+    saturated = np.arange(len(both)) < len(sat)
+    real_tps = both.total_throughput_tps.to_numpy(float)
+    real_itl = (both.mean_itl_ms.to_numpy(float) if "mean_itl_ms" in both.columns
+                else np.full(len(both), np.nan))
+    R = both.max_lora_rank.to_numpy(int)
+    cfgs = both.to_dict("records")
+    start = np.array(profile.step_coef, dtype=float)
     lw = win_rows[win_rows.max_loras > 0]
-    Fw = design_matrix(lw[list(FEATURE_NAMES)].to_numpy(float), coef[10], coef[12])
+    Fw = design_matrix(lw[list(FEATURE_NAMES)].to_numpy(float), start[10], start[12])
     yw = lw.y.to_numpy(float)
-    R = sat.max_lora_rank.to_numpy(int)
+    u_grid = ITL_WEIGHTS if len(uns) else (0.0,)
 
     def lin(c: np.ndarray) -> np.ndarray:
         return c[list(LINEAR_IDX)]
 
-    held_out = {}
-    for w in WINDOW_WEIGHTS:
-        errs = []
-        for r in ranks:
-            fit_on = R != r
-            c = _nnls(coef, [(F[fit_on], need[fit_on], 1.0), (Fw, yw, w)])
-            errs.append(np.abs(need[~fit_on] / (F[~fit_on] @ lin(c)) - 1.0))
-        held_out[w] = float(100.0 * np.mean(np.concatenate(errs)))
-    best_w = min(WINDOW_WEIGHTS, key=lambda w: (held_out[w], w))
-    new = _nnls(coef, [(F, need, 1.0), (Fw, yw, best_w)])
-    rep = {
-        "runs": int(len(sat)), "max_lora_ranks": ranks, "terms": list(SLOT_TERMS),
-        "held_out_mape_pct_by_window_weight": {str(w): round(v, 3) for w, v in held_out.items()},
-        "window_weight": best_w,
-        "runs_step_mape_pct": {"before": _mape(need, F @ lin(coef)),
-                               "after": _mape(need, F @ lin(new))},
-        "runs_throughput_mape_pct_before": _mape(sat.total_throughput_tps.to_numpy(float),
-                                                 twin_tps),
-        "lora_windows_step_mape_pct": {"before": _mape(yw, Fw @ lin(coef)),
-                                       "after": _mape(yw, Fw @ lin(new))},
-        "before": {str(t): float(coef[t]) for t in SLOT_TERMS},
-        "after": {str(t): float(new[t]) for t in SLOT_TERMS},
-    }
-    return new, rep
+    def parts(F, need, keep, w, u):
+        out = [(F[keep & saturated], need[keep & saturated], 1.0), (Fw, yw, w)]
+        if u > 0:
+            out.append((F[keep & ~saturated], need[keep & ~saturated], u))
+        return out
+
+    coef = start.copy()
+    rep: dict = {"runs": int(len(sat)), "runs_keeping_up": int(len(uns)),
+                 "max_lora_ranks": ranks, "terms": list(SLOT_TERMS), "passes": []}
+    every = np.ones(len(both), bool)
+    for k in range(max(1, int(passes))):
+        sims = _replay_all(replace(profile, step_coef=tuple(coef)), cfgs, workers,
+                           f"stage 4 pass {k + 1}: replaying max-search runs")
+        F, need = _needed_steps(sims, real_tps, real_itl, saturated)
+        held_out, windows = {}, {}
+        for w in WINDOW_WEIGHTS:
+            for u in u_grid:
+                errs = []
+                for r in ranks:
+                    c = _nnls(coef, parts(F, need, R != r, w, u))
+                    out = R == r
+                    errs.append(np.abs(need[out] / (F[out] @ lin(c)) - 1.0))
+                held_out[(w, u)] = float(100.0 * np.mean(np.concatenate(errs)))
+                windows[(w, u)] = _mape(yw, Fw @ lin(_nnls(coef, parts(F, need, every, w, u))))
+        score = {p: 0.5 * (held_out[p] + windows[p]) for p in held_out}
+        best = min(score, key=lambda p: (score[p], p))
+        new = _nnls(coef, parts(F, need, every, *best))
+        rep["passes"].append({
+            "held_out_mape_pct_by_weights": {f"{w}/{u}": round(v, 3)
+                                             for (w, u), v in held_out.items()},
+            "windows_mape_pct_by_weights": {f"{w}/{u}": round(v, 3)
+                                            for (w, u), v in windows.items()},
+            "window_weight": best[0], "itl_weight": best[1],
+            "saturated_step_mape_pct": {"before": _mape(need[saturated], F[saturated] @ lin(coef)),
+                                        "after": _mape(need[saturated], F[saturated] @ lin(new))},
+            "keeping_up_step_mape_pct": {
+                "before": _mape(need[~saturated], F[~saturated] @ lin(coef)),
+                "after": _mape(need[~saturated], F[~saturated] @ lin(new))},
+            "runs_throughput_mape_pct_before": _mape(real_tps[saturated],
+                                                     np.array([s[2] for s in sims])[saturated]),
+            "runs_itl_mape_pct_before": _mape(real_itl[~saturated],
+                                              np.array([s[3] for s in sims])[~saturated]),
+            "lora_windows_step_mape_pct": {"before": _mape(yw, Fw @ lin(coef)),
+                                           "after": _mape(yw, Fw @ lin(new))},
+            "after": {str(t): float(new[t]) for t in SLOT_TERMS}})
+        coef = new
+    last = rep["passes"][-1]
+    rep.update({"window_weight": last["window_weight"], "itl_weight": last["itl_weight"],
+                "before": {str(t): float(start[t]) for t in SLOT_TERMS},
+                "after": {str(t): float(coef[t]) for t in SLOT_TERMS}})
+    return coef, rep
+
+
+# the windows' reference LoRA decode step at which two models' LoRA costs are compared (rank 8,
+# the 300 slots of every profiling window): requests, tokens, slots, distinct adapters, tiles
+REFERENCE_WINDOW_STEP = {"n_seqs": 128, "tok": 128, "max_loras": 300, "n_distinct": 32,
+                         "n_tiles": 32}
+
+
+def window_lora_cost_ms(coef) -> float:
+    """The LoRA part of the step time (ms) at ``REFERENCE_WINDOW_STEP`` (rank 8: m = 1 and
+    the rank-growing slot term vanishes)."""
+    c, f = np.asarray(coef, dtype=float), REFERENCE_WINDOW_STEP
+    return float(c[4] + c[6] * f["tok"] * f["max_loras"] * 1e-3 + c[7] * f["n_distinct"]
+                 + c[8] * f["n_tiles"])
+
+
+def transfer_slot_terms(coef, reference: GpuProfile) -> tuple[np.ndarray, dict]:
+    """Stage 4 for a model without max-search runs: ``reference``'s stage-4 correction (its
+    ``SLOT_TERMS`` after minus before, from its fit report) added to ``coef``, scaled by the
+    ratio of the two models' stage-2 LoRA cost at the windows' reference step (the same
+    Triton kernels over a model of other dimensions: the windows measure how much more or less
+    LoRA work each step of this model does). Terms are kept >= 0."""
+    st = (reference.fit_report or {}).get("slot_terms") or {}
+    if "before" not in st or "after" not in st:
+        raise ValueError(f"slot terms: profile {reference.name} has no stage-4 fit to transfer")
+    ref_before = np.array(reference.step_coef, dtype=float)
+    for t in SLOT_TERMS:
+        ref_before[t] = float(st["before"][str(t)])
+    scale = window_lora_cost_ms(coef) / window_lora_cost_ms(ref_before)
+    out = np.array(coef, dtype=float)
+    for t in SLOT_TERMS:
+        delta = float(st["after"][str(t)]) - float(st["before"][str(t)])
+        out[t] = max(out[t] + scale * delta, 0.0)
+    return out, {"transferred_from": reference.name, "scale": scale,
+                 "before": {str(t): float(coef[t]) for t in SLOT_TERMS},
+                 "after": {str(t): float(out[t]) for t in SLOT_TERMS}}
 
 
 def slot_terms_from_data(profile: GpuProfile, win_rows: pd.DataFrame, data_dir: Path,
-                         runs_file: Path, workers: int | None = None) -> tuple[np.ndarray, dict]:
+                         runs_file: Path, workers: int | None = None,
+                         reference: GpuProfile | None = None) -> tuple[np.ndarray, dict]:
     """Stage 4 where ``data_dir / runs_file`` holds max-search runs of ``profile.model``;
-    otherwise the coefficients unchanged and a note saying why."""
+    otherwise ``reference``'s fitted correction transferred (:func:`transfer_slot_terms`) when
+    it is given, or the coefficients unchanged; the report says which."""
     coef = np.array(profile.step_coef, dtype=float)
     path = Path(data_dir) / runs_file
     if not path.is_file():
         return coef, {"note": f"slot terms not refitted: {runs_file} not found in the data"}
     runs = pd.read_csv(path)
     if "model" not in runs.columns or not (runs.model == profile.model).any():
+        if reference is not None and reference.model != profile.model:
+            new, rep = transfer_slot_terms(coef, reference)
+            rep["note"] = (f"slot terms transferred: {runs_file} has no runs of "
+                           f"{profile.model}; {reference.name}'s stage-4 correction scaled by "
+                           f"{rep['scale']:.3f} (stage-2 LoRA cost ratio at the reference "
+                           "window step)")
+            return new, rep
         return coef, {"note": f"slot terms not refitted: {runs_file} has no runs of "
                               f"{profile.model}"}
     new, rep = fit_slot_terms(replace(profile, step_coef=tuple(coef)), win_rows, runs, workers)
     return new, rep
 
 
-__all__ = ["SLOT_TERMS", "WINDOW_WEIGHTS", "SATURATED_RATIO", "saturated_runs", "counts_agree",
+__all__ = ["SLOT_TERMS", "WINDOW_WEIGHTS", "ITL_WEIGHTS", "PASSES", "SATURATED_RATIO",
+           "saturated_runs", "unsaturated_runs", "counts_agree",
            "shared_run_setup", "replay_design",
-           "fit_slot_terms", "slot_terms_from_data"]
+           "fit_slot_terms", "slot_terms_from_data", "transfer_slot_terms",
+           "window_lora_cost_ms", "REFERENCE_WINDOW_STEP"]

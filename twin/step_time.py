@@ -6,9 +6,10 @@ it is monotone non-decreasing in every argument and costs a few flops::
 
     tok  = n_prefill_tokens + n_decode_tokens            (tokens in the forward pass)
     lora = 1 if max_loras > 0 else 0
-    m    = 1 + c[10] * max(0, max_rank - 8) / 8           (rank multiplier of the LoRA terms)
+    rr   = max(0, max_rank - 8) / 8                       (server rank above the windows' 8)
+    m    = 1 + c[10] * rr                                 (rank multiplier of the LoRA terms)
     T_ms = c[0] + c[1]*tok + c[2]*n_seqs + c[11]*max(0, n_seqs - c[12]) + c[3]*ctx_tokens/1000
-         + lora * ( m * ( c[4] + c[5]*max_loras + c[6]*tok*max_loras/1000
+         + lora * ( m * ( c[4] + c[5]*max_loras*rr + c[6]*tok*max_loras/1000
                           + c[7]*n_distinct + c[8]*n_tiles )
                     + c[9]*n_waiting/1000 )
 
@@ -16,7 +17,7 @@ Physics: c1 = per-token MLP/projection cost, c2 = per-request cost (sampling, ou
 processing, scheduler loop over running requests), c11 = extra per-request cost above a knee of
 c12 requests (decode steps are memory-bound up to ~100 requests, then grow faster), c3 = attention over cached context;
 the LoRA terms model vLLM 0.8.5's Triton punica kernels, whose grid has one block row per
-*slot* (max_loras) and per token tile even for idle slots (c5, c6), plus per active adapter
+*slot* (max_loras) and per token tile even for idle slots (c6), plus per active adapter
 work (c7) and per *LoRA tile* (c8): the shrink/expand kernels give each adapter's tokens in the
 batch their own BLOCK_M = 16-token tiles, so n_tiles = sum over the batch's adapters of
 ceil(tokens_k / 16) — one tile per adapter for decode-only steps, many for a long prefill
@@ -33,6 +34,13 @@ max rank, so nothing in them could tell the three apart. The multiplier m scales
 terms linearly in (max_rank - 8); c10 is fitted by ``twin.calibrate`` (stage 3) on end-to-end
 runs at max_lora_rank 16 and 32, because every profiling window is rank 8. With max_rank 8, m is
 exactly 1 whatever c10 is.
+
+c5 is a per-slot cost that grows with the padded rank and is zero at rank 8: every slot's
+rank-padded buffers are visited whether or not the slot serves a request of the step, and
+the rank-16/32 servers of the max-search runs need it at every batch size. The moderately
+loaded runs show it most (``twin.slot_fit``: their mean ITL was 10-22 % above the twin's,
+growing with slots and rank, before c5 was fitted there); the profiling windows, all at rank
+8, cannot see it, which is why it is written to vanish there.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ STEP_COEF_NAMES: tuple[str, ...] = (
     "per_seq_ms",            # c2 x scheduled requests
     "per_kctx_ms",           # c3 x ctx_tokens / 1000
     "lora_base_ms",          # c4 LoRA enabled
-    "per_slot_ms",           # c5 x max_loras
+    "per_slot_rank_ms",      # c5 x max_loras x max(0, max_rank - 8) / 8
     "per_token_kslot_ms",    # c6 x tok * max_loras / 1000
     "per_adapter_ms",        # c7 x n_distinct
     "per_lora_tile_ms",      # c8 x n_tiles (LoRA kernel tiles: sum_k ceil(tokens_k / 16))
@@ -86,7 +94,7 @@ def step_time_ms(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens, n_
         if dr < 0.0:
             dr = 0.0
         m = 1.0 + coef[10] * dr * 0.125
-        lo = (coef[4] + coef[5] * a + coef[6] * tok * a * 1e-3
+        lo = (coef[4] + coef[5] * a * dr * 0.125 + coef[6] * tok * a * 1e-3
               + coef[7] * k + coef[8] * float(n_tiles))
         t += m * lo + coef[9] * float(n_waiting) * 1e-3
     return t
@@ -105,8 +113,9 @@ def min_ms_per_token(step_coef, max_loras: int, max_rank: int, max_batched_token
         return 0.0
     alpha, beta = c[0] + c[2], c[1]
     if max_loras > 0:
-        m = 1.0 + c[10] * max(float(max_rank) - 8.0, 0.0) * 0.125
-        alpha += m * (c[4] + c[5] * max_loras + c[7])
+        rr = max(float(max_rank) - 8.0, 0.0) * 0.125
+        m = 1.0 + c[10] * rr
+        alpha += m * (c[4] + c[5] * max_loras * rr + c[7])
         beta += m * (c[6] * max_loras * 1e-3 + c[8] / LORA_TILE)
     return float(beta + alpha / max_batched_tokens)
 
@@ -123,7 +132,7 @@ def step_time_ms_py(coef, n_seqs, n_prefill_tokens, n_decode_tokens, ctx_tokens,
         k = float(n_distinct)
         dr = max(float(max_rank) - 8.0, 0.0)
         m = 1.0 + coef[10] * dr * 0.125
-        lo = (coef[4] + coef[5] * a + coef[6] * tok * a * 1e-3
+        lo = (coef[4] + coef[5] * a * dr * 0.125 + coef[6] * tok * a * 1e-3
               + coef[7] * k + coef[8] * float(n_tiles))
         t += m * lo + coef[9] * float(n_waiting) * 1e-3
     return float(t)
@@ -133,11 +142,11 @@ def describe_step_model(coef=None) -> str:
     """Human-readable formula (with values when ``coef`` is given)."""
     txt = (
         "T_ms = c0 + c1*tok + c2*n_seqs + c11*max(0, n_seqs - c12) + c3*ctx/1000\n"
-        "     + [max_loras>0] * ( m*(c4 + c5*A + c6*tok*A/1000 + c7*K + c8*tiles)"
+        "     + [max_loras>0] * ( m*(c4 + c5*A*rr + c6*tok*A/1000 + c7*K + c8*tiles)"
         " + c9*W/1000 )\n"
         "  tok = n_prefill_tokens + n_decode_tokens, A = max_loras, K = n_distinct,\n"
         "  W = n_waiting, tiles = sum_k ceil(tokens_k/16) over the batch's adapters,\n"
-        "  m = 1 + c10*max(0, max_rank-8)/8; all c >= 0 (monotone)."
+        "  rr = max(0, max_rank-8)/8, m = 1 + c10*rr; all c >= 0 (monotone)."
     )
     if coef is not None:
         txt += "\n" + "\n".join(f"  c{i:<2d} {n:24s} = {float(v):.6g}"
@@ -158,10 +167,11 @@ def design_matrix(X, rank_scale: float = 0.0, seq_knee: float = 128.0) -> np.nda
     s, p, d, c, k, a, r, w, tl = (X[:, i] for i in range(9))
     tok = p + d
     lora = (a > 0).astype(np.float64)
-    m = lora * (1.0 + rank_scale * np.maximum(r - 8.0, 0.0) / 8.0)
+    rr = np.maximum(r - 8.0, 0.0) / 8.0
+    m = lora * (1.0 + rank_scale * rr)
     return np.column_stack([
         np.ones_like(s), tok, s, c * 1e-3,
-        m, m * a, m * tok * a * 1e-3, m * k, m * tl,
+        m, m * a * rr, m * tok * a * 1e-3, m * k, m * tl,
         lora * w * 1e-3,
         np.maximum(s - seq_knee, 0.0),
     ])
@@ -285,7 +295,7 @@ def accumulate_design(out, base, coef, n_seqs, n_prefill_tokens, n_decode_tokens
     out[base + 2] += s
     out[base + 3] += float(ctx_tokens) * 1e-3
     out[base + 4] += m
-    out[base + 5] += m * a
+    out[base + 5] += m * a * dr * 0.125
     out[base + 6] += m * tok * a * 1e-3
     out[base + 7] += m * k
     out[base + 8] += m * float(n_tiles)
@@ -304,7 +314,8 @@ def accumulate_design_py(out, coef, n_seqs, n_prefill_tokens, n_decode_tokens, c
     a = float(max_loras)
     k = float(n_distinct)
     over = max(s - coef[12], 0.0)
-    vals = (1.0, tok, s, float(ctx_tokens) * 1e-3, m, m * a, m * tok * a * 1e-3, m * k,
+    vals = (1.0, tok, s, float(ctx_tokens) * 1e-3, m, m * a * dr * 0.125, m * tok * a * 1e-3,
+            m * k,
             m * float(n_tiles), lora * float(n_waiting) * 1e-3, over)
     for i, v in enumerate(vals):
         out[i] += v

@@ -44,7 +44,8 @@ def coefficient_checks(reference: GpuProfile, fitted: GpuProfile) -> list[Coeffi
                            f["ctx_k"] * 1000, f["n_distinct"], f["max_loras"], 8,
                            f["waiting_k"] * 1000, f["n_tiles"])
     feature_of = {"base_ms": 1.0, "per_token_ms": f["tok"], "per_seq_ms": f["n_seqs"],
-                  "per_kctx_ms": f["ctx_k"], "lora_base_ms": 1.0, "per_slot_ms": f["max_loras"],
+                  "per_kctx_ms": f["ctx_k"], "lora_base_ms": 1.0,
+                  "per_slot_rank_ms": f["max_loras"],         # (per 8 ranks above 8)
                   "per_token_kslot_ms": f["tok"] * f["max_loras"] / 1000.0,
                   "per_adapter_ms": f["n_distinct"], "per_lora_tile_ms": f["n_tiles"],
                   "per_kwaiting_ms": f["waiting_k"], "per_seq_over_knee_ms": 1.0}
@@ -91,7 +92,7 @@ def format_checks(reference: GpuProfile, fitted: GpuProfile, tolerance: float = 
                      f"{'yes' if ok else 'NO'}")
     lines.append(f"* reference 0: share of a reference LoRA decode step "
                  f"(within: < {100 * ZERO_COEF_SHARE:g} %)")
-    lines.append(f"per-slot LoRA cost c5*A + c6*tok*A/1000 at the reference step: "
+    lines.append(f"per-slot LoRA cost m*(c5*A*rr + c6*tok*A/1000) at the reference step, rank 32: "
                  f"{100 * slot_cost_error(reference, fitted):+.2f} %")
     kv = kv_mismatches(reference, fitted)
     lines.append(f"KV table: {len(fitted.kv_capacity)} probed configurations, "
@@ -104,11 +105,15 @@ def format_checks(reference: GpuProfile, fitted: GpuProfile, tolerance: float = 
     return "\n".join(lines)
 
 
-def slot_cost_error(reference: GpuProfile, fitted: GpuProfile) -> float:
-    """Relative error of the per-slot LoRA cost c5*A + c6*tok*A/1000 at the reference step: a
-    study whose LoRA windows vary the batch little cannot separate c5 from c6, only their sum."""
+def slot_cost_error(reference: GpuProfile, fitted: GpuProfile, max_rank: int = 32) -> float:
+    """Relative error of the per-slot LoRA cost m * (c5*A*rr + c6*tok*A/1000) at the reference
+    step on a ``max_rank`` server: a study whose LoRA windows vary the batch and the rank little
+    cannot separate c5 from c6 (and the rank multiplier m), only their sum."""
     f = _reference_step_features()
+    rr = max(max_rank - 8, 0) / 8.0
+
     def cost(p: GpuProfile) -> float:
         c = p.step_coef
-        return c[5] * f["max_loras"] + c[6] * f["tok"] * f["max_loras"] / 1000.0
+        return (1.0 + c[10] * rr) * (c[5] * f["max_loras"] * rr
+                                     + c[6] * f["tok"] * f["max_loras"] / 1000.0)
     return (cost(fitted) - cost(reference)) / cost(reference)
