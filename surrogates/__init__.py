@@ -19,3 +19,10 @@ Modules (one concept each):
 Trained models for the shipped profiles live in ``surrogates/trained/<profile>/``
 (``manifest.json`` lists the commands that regenerate them).
 """
+
+from pathlib import Path as _Path
+
+from twin.numba_cache import refresh_stale as _refresh_stale
+
+_refresh_stale(_Path(__file__).parent)   # numba caches compiled against older sources
+

@@ -349,14 +349,13 @@ ITL_STARTS = ((0.067, 134.0, 19.0, 0.78, 0.23, 0.1),      # frequent, short deli
               (0.023, 1156.0, 164.0, 0.69, 0.08, 0.32))   # rare, long ones
 
 
-def fit_latency_tail(samples: list[ReplaySample],
-                     previous: LatencyTail | None = None) -> tuple[LatencyTail, dict]:
+def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
     """Least SMAPE fit (Nelder-Mead, deterministic starts): the TTFT terms on the mean, median
     and p99 TTFT of the runs the real server did not starve, the delivery delays on the p99 ITL
     of every run. The p99 ITL objective has separate basins (frequent short delays, rare long
-    ones), so it is started from each of ``ITL_STARTS`` and from ``previous`` (the constants
-    being replaced) and the least SMAPE wins. Returns the constants and a report of the SMAPE
-    before / after."""
+    ones), so it is started from each of ``ITL_STARTS`` and the least SMAPE wins (the same
+    data give the same constants whatever was fitted before). Returns the constants and a
+    report of the SMAPE before / after."""
     from scipy.optimize import minimize
 
     unst = [s for s in samples if not s.starved]
@@ -390,10 +389,6 @@ def fit_latency_tail(samples: list[ReplaySample],
         return _smape(y_i, itl_pred(x))
 
     starts = [list(x) for x in ITL_STARTS]
-    if previous is not None:
-        starts.append([previous.itl_delay_prob, previous.itl_delay_ms,
-                       previous.itl_delay_half_running, previous.itl_delay_adapter_exp,
-                       previous.itl_delay_active_exp, previous.itl_delay_queue_exp])
     r2 = min((minimize(itl_obj, x0, method="Nelder-Mead",
                        options={"maxiter": 600, "xatol": 1e-3, "fatol": 1e-3})
               for x0 in starts), key=lambda r: float(r.fun))
@@ -451,12 +446,7 @@ def main(argv=None) -> int:
     except FileNotFoundError as e:
         print(f"error: --fit: {e}", file=sys.stderr)
         return 2
-    try:
-        previous = LatencyTail.from_dict(
-            _constants_file_entries(Path(a.out))[a.profile]["constants"])
-    except (OSError, KeyError, ValueError):
-        previous = None
-    tail, report = fit_latency_tail(samples, previous)
+    tail, report = fit_latency_tail(samples)
     print(json.dumps({"constants": tail.to_dict(), "fit": report}, indent=2))
     if not a.dry_run:
         write_constants(tail, a.profile, report, a.fit, Path(a.out))

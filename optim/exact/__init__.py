@@ -21,3 +21,10 @@ Modules (one concept each):
   placement as incumbent; claims).
 * ``register``  — ``milp``, ``cpsat`` and ``auto`` in the method registry.
 """
+
+from pathlib import Path as _Path
+
+from twin.numba_cache import refresh_stale as _refresh_stale
+
+_refresh_stale(_Path(__file__).parent)   # numba caches compiled against older sources
+
