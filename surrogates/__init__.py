@@ -25,4 +25,3 @@ from pathlib import Path as _Path
 from twin.numba_cache import refresh_stale as _refresh_stale
 
 _refresh_stale(_Path(__file__).parent)   # numba caches compiled against older sources
-

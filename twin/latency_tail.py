@@ -388,10 +388,9 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
             return 1e9
         return _smape(y_i, itl_pred(x))
 
-    starts = [list(x) for x in ITL_STARTS]
-    r2 = min((minimize(itl_obj, x0, method="Nelder-Mead",
+    r2 = min((minimize(itl_obj, list(x0), method="Nelder-Mead",
                        options={"maxiter": 600, "xatol": 1e-3, "fatol": 1e-3})
-              for x0 in starts), key=lambda r: float(r.fun))
+              for x0 in ITL_STARTS), key=lambda r: float(r.fun))
     a0, ar, an, c = (float(v) for v in r1.x)
     p, mu0, r0, b, e, w = (float(v) for v in r2.x)
     tail = LatencyTail(ttft_base_ms=a0, ttft_per_running_ms=ar, ttft_per_adapter_ms=an,

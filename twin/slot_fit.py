@@ -59,29 +59,30 @@ RUN_COLUMNS = ("status", "model", "max_loras", "max_lora_rank", "adapter_rank_co
                "total_throughput_tps", "throughput_to_offered_ratio")
 
 
+def _replayable_runs(runs: pd.DataFrame, model: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The ok runs of ``model`` (with LoRA) whose rank and rate counts describe the same
+    adapters; ``columns`` must all be present."""
+    missing = [c for c in columns if c not in runs.columns]
+    if missing:
+        raise ValueError(f"max-search runs lack columns {missing}")
+    r = runs[(runs.status == "ok") & (runs.model == model) & (runs.max_loras > 0)]
+    same = [counts_agree(a, b) for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
+    return r[np.array(same, dtype=bool)].reset_index(drop=True)
+
+
 def saturated_runs(runs: pd.DataFrame, model: str) -> pd.DataFrame:
     """The ok, saturated runs of ``model`` whose rank and rate counts describe the same adapters
     (the others cannot be replayed)."""
-    missing = [c for c in RUN_COLUMNS if c not in runs.columns]
-    if missing:
-        raise ValueError(f"max-search runs lack columns {missing}")
-    r = runs[(runs.status == "ok") & (runs.model == model) & (runs.max_loras > 0)
-             & (runs.throughput_to_offered_ratio < SATURATED_RATIO)]
-    same = [counts_agree(a, b) for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
-    return r[np.array(same, dtype=bool)].reset_index(drop=True)
+    r = _replayable_runs(runs, model, RUN_COLUMNS)
+    return r[r.throughput_to_offered_ratio < SATURATED_RATIO].reset_index(drop=True)
 
 
 def unsaturated_runs(runs: pd.DataFrame, model: str) -> pd.DataFrame:
     """The ok, replayable runs of ``model`` that kept up with their load (real throughput >=
     ``SATURATED_RATIO`` x offered) and report a mean ITL."""
-    missing = [c for c in RUN_COLUMNS + ("mean_itl_ms",) if c not in runs.columns]
-    if missing:
-        raise ValueError(f"max-search runs lack columns {missing}")
-    r = runs[(runs.status == "ok") & (runs.model == model) & (runs.max_loras > 0)
-             & (runs.throughput_to_offered_ratio >= SATURATED_RATIO)
-             & runs.mean_itl_ms.notna() & (runs.mean_itl_ms > 0)]
-    same = [counts_agree(a, b) for a, b in zip(r.adapter_rank_counts, r.rate_counts)]
-    return r[np.array(same, dtype=bool)].reset_index(drop=True)
+    r = _replayable_runs(runs, model, RUN_COLUMNS + ("mean_itl_ms",))
+    return r[(r.throughput_to_offered_ratio >= SATURATED_RATIO) & r.mean_itl_ms.notna()
+             & (r.mean_itl_ms > 0)].reset_index(drop=True)
 
 
 def counts_agree(rank_counts, rate_counts) -> bool:
@@ -235,7 +236,7 @@ def fit_slot_terms(profile: GpuProfile, win_rows: pd.DataFrame, runs: pd.DataFra
         sims = _replay_all(replace(profile, step_coef=tuple(coef)), cfgs, workers,
                            f"stage 4 pass {k + 1}: replaying max-search runs")
         F, need = _needed_steps(sims, real_tps, real_itl, saturated)
-        held_out, windows = {}, {}
+        held_out, windows, full = {}, {}, {}
         for w in WINDOW_WEIGHTS:
             for u in u_grid:
                 errs = []
@@ -244,10 +245,11 @@ def fit_slot_terms(profile: GpuProfile, win_rows: pd.DataFrame, runs: pd.DataFra
                     out = R == r
                     errs.append(np.abs(need[out] / (F[out] @ lin(c)) - 1.0))
                 held_out[(w, u)] = float(100.0 * np.mean(np.concatenate(errs)))
-                windows[(w, u)] = _mape(yw, Fw @ lin(_nnls(coef, parts(F, need, every, w, u))))
+                full[(w, u)] = _nnls(coef, parts(F, need, every, w, u))
+                windows[(w, u)] = _mape(yw, Fw @ lin(full[(w, u)]))
         score = {p: 0.5 * (held_out[p] + windows[p]) for p in held_out}
         best = min(score, key=lambda p: (score[p], p))
-        new = _nnls(coef, parts(F, need, every, *best))
+        new = full[best]
         rep["passes"].append({
             "held_out_mape_pct_by_weights": {f"{w}/{u}": round(v, 3)
                                              for (w, u), v in held_out.items()},
@@ -283,9 +285,11 @@ REFERENCE_WINDOW_STEP = {"n_seqs": 128, "tok": 128, "max_loras": 300, "n_distinc
 def window_lora_cost_ms(coef) -> float:
     """The LoRA part of the step time (ms) at ``REFERENCE_WINDOW_STEP`` (rank 8: m = 1 and
     the rank-growing slot term vanishes)."""
+    from .step_time import step_time_ms_py
     c, f = np.asarray(coef, dtype=float), REFERENCE_WINDOW_STEP
-    return float(c[4] + c[6] * f["tok"] * f["max_loras"] * 1e-3 + c[7] * f["n_distinct"]
-                 + c[8] * f["n_tiles"])
+    with_lora = step_time_ms_py(c, f["n_seqs"], 0, f["tok"], 0, f["n_distinct"], f["max_loras"],
+                                8, 0, f["n_tiles"])
+    return float(with_lora - step_time_ms_py(c, f["n_seqs"], 0, f["tok"], 0, 0, 0, 8, 0, 0))
 
 
 def transfer_slot_terms(coef, reference: GpuProfile) -> tuple[np.ndarray, dict]:
