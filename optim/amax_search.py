@@ -60,7 +60,7 @@ def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
         raise ValueError(f"twin_scores: {len(seeds)} seeds for {len(amaxes)} Amax values")
     cands = [GpuPlan(plan.gpu_type, plan.profile, int(a), plan.max_lora_rank, plan.adapters,
                      plan.offered_tps, plan.predicted) for a in amaxes]
-    jobs = [c.twin_assignment(inst.starvation_threshold, inst.slo) for c in cands]
+    jobs = [c.twin_assignment(inst.starvation_threshold, inst.slo, inst.headroom) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
                          check_routing=False, seeds=seeds, stop_below=stop_below)
     out = []
@@ -69,6 +69,8 @@ def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
             s = -np.inf if m.memory_error else (np.inf if m.accepted else -np.inf)
         else:
             s = m.throughput_tps / (inst.starvation_threshold * m.offered_realised_tps)
+            if m.headroom is not None:      # discounted by the measured headroom (twin.headroom)
+                s /= 1.0 + float(m.headroom["h"])
             if m.slo is not None:           # and the latency SLO's (bound / observed)
                 s = min(s, float(m.slo["score"]))
             if not m.accepted:              # the twin's verdict rules at the boundary

@@ -82,6 +82,9 @@ def cmd_solve(a: argparse.Namespace) -> int:
         if inst.slo is not None and inst.slo.classes:   # --slo sets the top level; classes stay
             slo = replace(slo, classes=inst.slo.classes)
         inst = replace(inst, slo=slo)
+    if a.headroom:                      # twin.headroom: judge every GPU with it too
+        from dataclasses import replace
+        inst = replace(inst, headroom=True)
     import twin.fleet
     with contextlib.ExitStack() as stack:   # Ray starts / joins its cluster before solving
         try:
@@ -227,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--backend ray: the Ray cluster to run on (HOST:PORT as printed by `ray "
                         "start --head`, ray://HOST:PORT or auto; default: a local Ray instance)")
     s.add_argument("--slo", default=None, metavar="NAME=MS[,...]", help=SLO_HELP)
+    s.add_argument("--headroom", action="store_true",
+                   help="every GPU must also pass with the twin's measured headroom of its "
+                        "regime (twin.headroom; as optim plan does by default, and an instance's "
+                        "\"headroom\": true); without it the verdict is the plain 90 %% rule and "
+                        "the headroom verdict is printed beside it")
     s.add_argument("--json", default=None, help="write the full placement record (JSON)")
     s.add_argument("--vllm-args", default=None,
                    help="write per-GPU vLLM server arguments (JSON, with the twin's verdict); "

@@ -5,6 +5,7 @@ path from a CSV of adapters to a plan folder (``optim.plan``)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
@@ -34,6 +35,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         inst = plan_instance(a.adapters, a.gpu, a.model, pool, a.objective, a.duration, a.seed,
                              a.name, a.max_homes, slo_argument(a.slo),
                              [slo_class_argument(x) for x in a.slo_class or ()])
+        if not a.no_headroom:           # twin.headroom: every GPU must pass with it
+            inst = replace(inst, headroom=True)
         from .cli_deploy import deploy_targets
         from .deploy import DeployOptions
         targets = deploy_targets(a.target)
@@ -96,9 +99,9 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
                    help=f"release lines of the deployment files (default: "
                         f"{','.join(DEFAULT_TARGETS)}); {target_help()}")
     s.add_argument("--no-headroom", action="store_true",
-                   help="deployment files record the plain twin verdict only (default: "
-                        "deployment.json flags GPUs that pass only without the twin's measured "
-                        "headroom, twin.headroom)")
+                   help="plan on the plain twin verdict (90 %% rule) only; by default every "
+                        "GPU must also pass with the twin's measured headroom of its regime "
+                        "(twin.headroom), and deployment.json records it")
     s.add_argument("--allow-rejected", action="store_true",
                    help="write the deployment files even when the twin rejects the placement "
                         "(they record twin_verdict=rejected)")

@@ -52,6 +52,9 @@ which solver limits, and how to verify (twin duration and seed). Schema (``schem
                                                  # the twin, besides the throughput rule;
                                                  # optional classes: their adapters' requests
                                                  # are held to the class's bounds instead
+      "headroom": false,                         # optional: every GPU must also pass with the
+                                                 # twin's measured headroom (twin.headroom);
+                                                 # optim plan sets it unless --no-headroom
     }
 
 Every GPU type's profile must serve the same base model (one fleet serves one base model).
@@ -85,7 +88,7 @@ DEFAULT_DURATION_S = 3600.0
 
 _TOP_KEYS = {"schema_version", "name", "description", "adapters", "gpus", "lengths",
              "starvation_threshold", "objective", "solver", "duration_s", "seed",
-             "power_budget_w", "max_homes", "slo"}
+             "power_budget_w", "max_homes", "slo", "headroom"}
 _GPU_KEYS = {"name", "profile", "count", "price_per_hour", "capacity_tps", "capacity_amax",
              "gpu", "model", "availability", "power_caps_w"}
 _SOLVER_KEYS = {"time_limit_s", "mip_gap", "threads", "max_repair_iterations"}
@@ -167,6 +170,7 @@ class Instance:
     power_budget_w: float | None = None
     max_homes: int = 1
     slo: Slo | None = None
+    headroom: bool = False
 
     @property
     def uses_configurations(self) -> bool:
@@ -187,10 +191,13 @@ class Instance:
         """This instance judged by the loosest plain SLO its adapters' classes allow
         (``twin.slo.Slo.loosest``): a GPU that meets its classes' bounds meets that one, so a
         lower bound, a carry limit or an exclusion measured under it stays sound — also on the
-        synthetic adapters (of no class) those checks replay. Itself without SLO classes."""
-        if self.slo is None or not self.slo.classes:
-            return self
-        return replace(self, slo=self.slo.loosest([a.id for a in self.adapters]))
+        synthetic adapters (of no class) those checks replay. Judged by the plain throughput
+        rule, without the measured headroom (``headroom``), which only rejects more. Itself
+        without SLO classes or headroom."""
+        out = replace(self, headroom=False) if self.headroom else self
+        if out.slo is None or not out.slo.classes:
+            return out
+        return replace(out, slo=out.slo.loosest([a.id for a in out.adapters]))
 
     def load_tps(self, adapter: Adapter) -> float:
         """Offered token rate of one adapter: rate x (mean input + mean output)."""
@@ -242,6 +249,8 @@ class Instance:
             d["max_homes"] = self.max_homes
         if self.slo is not None:
             d["slo"] = self.slo.to_dict()
+        if self.headroom:
+            d["headroom"] = True
         return d
 
 
@@ -556,10 +565,13 @@ def instance_from_dict(d: Any, source: str = "<instance>", base_dir: str | os.Pa
                             "configurations; remove capacity_tps/capacity_amax")
     homes = check_max_homes(d.get("max_homes", 1), sum(t.count for t in gpu_types), src)
     slo = _slo(src, d.get("slo"), dur, {a.id for a in adapters})
+    headroom = d.get("headroom", False)
+    if not isinstance(headroom, bool):
+        raise InstanceError(src, "headroom", f"must be true or false, got {headroom!r}")
     return Instance(name=name, adapters=adapters, gpu_types=gpu_types, lengths=lengths,
                     lengths_spec=spec, starvation_threshold=thr, objective=objective,
                     solver=solver, duration_s=dur, seed=seed, description=desc, source=source,
-                    power_budget_w=budget_w, max_homes=homes, slo=slo)
+                    power_budget_w=budget_w, max_homes=homes, slo=slo, headroom=headroom)
 
 
 def _slo(src: str, v: Any, duration_s: float, adapter_ids: set[str]) -> Slo | None:

@@ -33,6 +33,16 @@ from .feasibility import FeasibilityReport, Reason
 STATUSES = ("solved", "optimal", "over_pool", "failed", "infeasible")
 
 
+def claim_qualifier(params: dict) -> str:
+    """What a claim is judged under, appended to it: the SLO, and the twin's measured headroom
+    when the GPUs were judged with it (the bound is the plain verdict's, which accepts more, so
+    the claim holds under the stricter verdict too)."""
+    out = f" under SLO {params['slo']}" if params.get("slo") else ""
+    if params.get("headroom"):
+        out += " with its measured headroom"
+    return out
+
+
 @dataclass(frozen=True)
 class GpuMetrics:
     """Metrics of one GPU: predicted by a method or measured by the twin."""
@@ -50,6 +60,9 @@ class GpuMetrics:
     # --- headroom (twin.headroom): the twin's realised offered load, which the verdict judges
     # against (None: a prediction, or a plan written before it was recorded -> offered_tps)
     offered_realised_tps: float | None = None
+    # the GPU judged with the twin's measured headroom (an instance with ``headroom``:
+    # ``RunMetrics.headroom``: h, regime, ok); None: judged by the plain verdict
+    headroom: dict | None = None
 
     @classmethod
     def from_run(cls, m: RunMetrics) -> "GpuMetrics":
@@ -58,7 +71,7 @@ class GpuMetrics:
         return cls(float(m.offered_tps), float(m.throughput_tps), bool(m.starved),
                    bool(m.memory_error), num(m.mean_itl_ms), num(m.mean_ttft_ms),
                    num(getattr(m, "avg_power_w", None)), getattr(m, "slo", None),
-                   num(getattr(m, "offered_realised_tps", None)))
+                   num(getattr(m, "offered_realised_tps", None)), getattr(m, "headroom", None))
 
     @property
     def slo_met(self) -> bool:
@@ -66,7 +79,8 @@ class GpuMetrics:
 
     @property
     def ok(self) -> bool:
-        return not (self.starved or self.memory_error) and self.slo_met
+        return not (self.starved or self.memory_error) and self.slo_met and (
+            self.headroom is None or bool(self.headroom.get("ok", False)))
 
 
 @dataclass(frozen=True)
@@ -88,21 +102,21 @@ class GpuPlan:
     def n_adapters(self) -> int:
         return len(self.adapters)
 
-    def server_config(self, starvation_threshold: float = 0.9, slo: Slo | None = None
-                      ) -> ServerConfig:
-        """The twin's server configuration; ``starvation_threshold`` and ``slo`` are how the
-        twin judges it (the instance's)."""
+    def server_config(self, starvation_threshold: float = 0.9, slo: Slo | None = None,
+                      headroom: bool = False) -> ServerConfig:
+        """The twin's server configuration; ``starvation_threshold``, ``slo`` and ``headroom``
+        are how the twin judges it (the instance's)."""
         return ServerConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
                             starvation_threshold=starvation_threshold,
-                            power_cap_w=self.power_cap_w, slo=slo)
+                            power_cap_w=self.power_cap_w, slo=slo, headroom=headroom)
 
-    def twin_assignment(self, starvation_threshold: float = 0.9, slo: Slo | None = None
-                        ) -> GpuAssignment:
+    def twin_assignment(self, starvation_threshold: float = 0.9, slo: Slo | None = None,
+                        headroom: bool = False) -> GpuAssignment:
         """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``), its adapters in
         id order: the twin draws adapter ``i``'s requests from child ``i`` of the GPU's seed, so
         the order fixes the draw, and a GPU is a set of adapters — listing them in another order
         must not change the verdict (``feasibility.one_gpu_excluded`` relies on it)."""
-        return GpuAssignment(self.profile, self.server_config(starvation_threshold, slo),
+        return GpuAssignment(self.profile, self.server_config(starvation_threshold, slo, headroom),
                              tuple(sorted(self.adapters, key=lambda p: p[0].id)))
 
     # --- headroom (twin.headroom) ---------------------------------------------------------
@@ -116,6 +130,8 @@ class GpuPlan:
         offered = v.offered_realised_tps if v.offered_realised_tps is not None else v.offered_tps
         hr = headroom_for(self.profile, self.max_loras, self.n_adapters, v.throughput_tps,
                           offered)
+        if v.headroom is not None:          # the twin judged it so already (Instance.headroom)
+            return v.ok, hr
         ok = v.ok and (hr.h == 0 or passes_with_headroom(v.throughput_tps, offered, hr.h,
                                                           starvation_threshold))
         return ok, hr
@@ -289,7 +305,7 @@ class Placement:
             parts.append(f"twin_lower_bound={lb}")
         out = " ".join(parts)
         out += self.headroom_lines()                                     # twin.headroom
-        under = f" under SLO {self.params['slo']}" if self.params.get("slo") else ""
+        under = claim_qualifier(self.params)
         if lb is not None and self.verdict == "accepted" and self.n_gpus == lb \
                 and self.objective == "gpus":
             out += (f"\nclaim: optimal in the twin{under} (the GPU count meets the twin lower "
@@ -322,8 +338,12 @@ class Placement:
             return ""
         at_risk = [(i, hr) for i, ok, hr in rep if self.gpus[i].verified.ok and not ok]
         head = {"accepted": "accepted", "rejected": "rejected"}[self.verdict]
-        out = (f"\nheadroom verdict: {head}; with the twin's measured headroom: "
-               f"{len(at_risk)} GPU(s) would be at risk")
+        if all(self.gpus[i].verified.headroom is not None for i, _, _ in rep):
+            out = (f"\nheadroom verdict: {head}, judged with the twin's measured headroom "
+                   f"(twin.headroom)")
+        else:
+            out = (f"\nheadroom verdict: {head}; with the twin's measured headroom: "
+                   f"{len(at_risk)} GPU(s) would be at risk")
         for i, hr in at_risk[:max_gpus]:
             out += f"\n  gpu {i}: {hr.describe()}"
         if len(at_risk) > max_gpus:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from twin.workload import Adapter
 
 from .instance import Instance, InstanceError, instance_from_dict
-from .placement import GpuPlan, Placement
+from .placement import GpuPlan, Placement, claim_qualifier
 
 DEFAULT_DURATION_S = 3600.0
 EXAMPLE_CSV = Path(__file__).resolve().parent.parent / "instances" / "examples" / "adapters.csv"
@@ -265,11 +265,13 @@ def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
     return sorted(pts | {hi} | ({min(chosen, top)} if chosen >= 1 else set()))
 
 
-def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0, slo=None):
+def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0, slo=None,
+            headroom: bool = False):
     """``plan`` as a fleet-twin job at Amax ``amax`` with every adapter's rate x ``scale``,
-    judged with the starvation threshold ``thr`` and the latency SLO ``slo`` (if any)."""
+    judged with the starvation threshold ``thr``, the latency SLO ``slo`` (if any) and the
+    measured headroom when ``headroom``."""
     ads = tuple((Adapter(a.id, a.rank, a.rate * scale), s) for a, s in plan.adapters)
-    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(thr, slo)
+    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(thr, slo, headroom)
 
 
 def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
@@ -293,13 +295,13 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
     def offered(g: GpuPlan) -> float:
         return max(sum(inst.load_tps(a) * s for a, s in g.adapters), 1e-9)
 
-    sat = run([_assign(g, g.max_loras, thr, 40_000.0 / offered(g), inst.slo) for g in p.gpus],
-              seeds)
+    sat = run([_assign(g, g.max_loras, thr, 40_000.0 / offered(g), inst.slo, inst.headroom)
+               for g in p.gpus], seeds)
     lo = [0.5 * thr * m.throughput_tps for m in sat]
     hi = [max(m.throughput_tps / thr, 1.0) * 1.05 for m in sat]
     for _ in range(CAPACITY_ROUNDS):
         mid = [(a + b) / 2 for a, b in zip(lo, hi)]
-        res = run([_assign(g, g.max_loras, thr, x / offered(g), inst.slo)
+        res = run([_assign(g, g.max_loras, thr, x / offered(g), inst.slo, inst.headroom)
                    for g, x in zip(p.gpus, mid)],
                   seeds)
         for i, m in enumerate(res):
@@ -312,7 +314,7 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
         plan = p.gpus[g]
         top = max_startable_amax(plan.profile, plan.max_lora_rank)
         for a in amax_points(plan.n_adapters, max(top, 1), plan.max_loras):
-            jobs.append(_assign(plan, a, thr, slo=inst.slo))
+            jobs.append(_assign(plan, a, thr, slo=inst.slo, headroom=inst.headroom))
             sds.append(seeds[g])
             where.append((g, a))
     res = run(jobs, sds)
@@ -352,7 +354,7 @@ def claim_text(p: Placement, bound) -> str:
     gap to it, or no claim (another objective, or a rejected placement)."""
     if p.verdict != "accepted":
         return f"no claim: the twin verdict is {p.verdict or 'unverified'}"
-    under = f" under SLO {p.params['slo']}" if p.params.get("slo") else ""
+    under = claim_qualifier(p.params)
     if p.params.get("claim"):
         return str(p.params["claim"]) + under
     if bound is not None and p.objective == "gpus":

@@ -36,7 +36,8 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
         raise ValueError(f"placement of '{placement.instance}' by {placement.method}: "
                          + "; ".join(problems[:5]))
     dur = float(duration_s if duration_s is not None else inst.duration_s)
-    jobs = [g.twin_assignment(inst.starvation_threshold, inst.slo) for g in placement.gpus]
+    jobs = [g.twin_assignment(inst.starvation_threshold, inst.slo, inst.headroom)
+            for g in placement.gpus]
     t0 = time.perf_counter()
     result = simulate_fleet(jobs, duration_s=dur, lengths=inst.lengths,
                             seed=inst.seed if seed is None else seed, workers=workers,
@@ -48,6 +49,8 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
     if inst.slo is not None:            # what the verdict judged, for the table and the claim
         params = {**params, "slo": inst.slo.describe(),
                   "slo_bounds": list(inst.slo.judged_bounds())}
+    if inst.headroom:                   # twin.headroom: judged with the measured headroom
+        params = {**params, "headroom": "the twin's measured headroom (twin.headroom)"}
     if inst.starvation_threshold != 0.9:   # twin.headroom: the headroom verdict's threshold
         params = {**params, "starvation_threshold": inst.starvation_threshold}
     return placement.with_(gpus=gpus, verdict="accepted" if result.feasible else "rejected",

@@ -180,3 +180,86 @@ def test_summary_and_deployment_flag_gpus_that_pass_only_without_headroom():
         "at_risk_gpus"] == []
     qwen = _placement(920.0, profile=QWEN)      # no constants: nothing at risk, plain verdict
     assert "0 GPU(s) would be at risk" in qwen.summary()
+
+
+def _boundary_server():
+    """A swapping Amax-16 server (regime '<=16, swapping': a headroom above 0 is committed) and
+    a rate scale at which the twin's plain verdict accepts it while the verdict with the
+    measured headroom does not (bisection on the scale, 600 s windows, seed 0)."""
+    from twin.profile import load_profile
+    from twin.server import ServerConfig, simulate_server
+    from twin.workload import Adapter
+    prof = load_profile(LLAMA)
+
+    def run(scale: float, headroom: bool):
+        ads = [Adapter(f"a{i}", 16, 0.35 * scale) for i in range(40)]
+        return simulate_server(prof, ads, ServerConfig(max_loras=16, headroom=headroom), 600.0,
+                               seed=0)
+    lo, hi = 0.5, 3.0                 # accepted at lo, starved at hi (checked below)
+    assert run(lo, False).accepted and not run(hi, False).accepted
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        m = run(mid, True)
+        if m.accepted:
+            lo = mid
+        elif run(mid, False).accepted:
+            return run, mid
+        else:
+            hi = mid
+    pytest.fail("no rate scale where only the plain verdict accepts: is the headroom 0?")
+
+
+def test_the_twin_judges_with_headroom_when_the_config_asks():
+    from twin.server import ServerConfig
+    run, scale = _boundary_server()
+    plain, judged = run(scale, False), run(scale, True)
+    assert plain.headroom is None and plain.accepted
+    hr = HR.headroom_for(LLAMA, 16, 40, judged.throughput_tps, judged.offered_realised_tps)
+    assert hr.h > 0 and judged.headroom["h"] == hr.h and judged.headroom["regime"]
+    assert judged.throughput_tps == plain.throughput_tps          # a verdict, not a new run
+    assert not judged.headroom["ok"] and not judged.accepted
+    assert HR.accepted_with_headroom(plain, hr.h) is False
+    with pytest.raises(ValueError, match="headroom must be True or False"):
+        ServerConfig(max_loras=4, headroom="yes")
+
+
+def test_plan_passes_with_headroom_by_default_and_plain_on_request(tmp_path):
+    """The README's default plan: with the headroom (default) every GPU passes with it and
+    nothing is at risk; the bound the claim uses is the plain verdict's, which only accepts
+    more, so the claim stays sound."""
+    from dataclasses import replace
+
+    from optim.deploy import DeployOptions
+    from optim.plan import EXAMPLE_CSV, make_plan, plan_instance, summary_lines
+    inst = plan_instance(EXAMPLE_CSV)
+    assert not inst.headroom and not inst.bound_view().headroom
+    res = make_plan(replace(inst, headroom=True), tmp_path / "hr", quiet=True,
+                    deploy_opts=DeployOptions())
+    p = res.placement
+    assert p.verdict == "accepted" and p.params.get("headroom")
+    for g in p.gpus:
+        assert g.verified.headroom is not None and g.verified.headroom["ok"], g.verified
+        ok, hr = g.headroom_verdict()
+        assert ok and hr.h == g.verified.headroom["h"]
+    dep = json.loads((tmp_path / "hr" / "deployment.json").read_text())
+    assert dep["twin_headroom"]["applied"] and dep["twin_headroom"]["at_risk_gpus"] == []
+    text = "\n".join(summary_lines(res, tmp_path / "hr"))
+    assert "judged with the twin's measured headroom" in text
+    assert "with its measured headroom" in res.claim
+    assert replace(inst, headroom=True).bound_view().headroom is False
+    plain = make_plan(inst, tmp_path / "plain", quiet=True, deploy_opts=DeployOptions())
+    assert all(g.verified.headroom is None for g in plain.placement.gpus)
+    assert plain.placement.n_gpus <= p.n_gpus
+
+
+def test_solve_with_headroom_states_it_in_the_verdict_and_the_claim(capsys):
+    from optim.cli import main
+    inst = Path(__file__).resolve().parents[1] / "instances" / "small" / \
+        "small-08-llama-n40-g5-uniform.json"
+    assert main(["solve", str(inst), "--method", "greedy", "--headroom", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "headroom verdict: accepted, judged with the twin's measured headroom" in out
+    assert "claim: optimal in the twin with its measured headroom" in out
+    assert main(["solve", str(inst), "--method", "greedy", "--quiet"]) == 0
+    plain = capsys.readouterr().out
+    assert "GPU(s) would be at risk" in plain and "with its measured headroom" not in plain

@@ -26,6 +26,9 @@ def test_valid_instance_defaults():
     assert inst.duration_s == 3600 and inst.seed == 0
     assert abs(inst.mean_tokens - 419.3) < 1e-6
     assert len(inst.adapters) == 2 and inst.total_gpus_available == 2
+    assert inst.headroom is False and "headroom" not in inst.to_dict()
+    judged = instance_from_dict({**base(), "headroom": True})
+    assert judged.headroom and instance_from_dict(judged.to_dict()).headroom
 
 
 @pytest.mark.parametrize("mutate, field", [
@@ -50,6 +53,8 @@ def test_valid_instance_defaults():
     (lambda d: d.update(solver={"timelimit": 5}), "solver.timelimit"),
     (lambda d: d.update(duration_s="long"), "duration_s"),
     (lambda d: d.update(seed=-1), "seed"),
+    (lambda d: d.update(headroom="yes"), "headroom"),
+    (lambda d: d.update(headroom=1), "headroom"),
     (lambda d: d.update(extra=1), "extra"),
     (lambda d: d.update(schema_version=2), "schema_version"),
 ])

@@ -25,10 +25,13 @@ chain. Runs the twin cannot start (memory error) are left out.
 The verdict with headroom (``accepted_with_headroom``): a GPU is accepted when it started, meets
 its SLO (if any) and ``throughput / (1 + h) >= threshold x offered_realised`` — the twin's
 throughput discounted by the largest optimism it showed on 9 real runs in 10 of its regime. With
-``h = 0`` (a profile without constants) it is the plain verdict. Nothing here changes the plain
-verdict: ``optim solve`` / ``verify`` accept as before and print the headroom verdict beside it;
-``optim deploy`` / ``optim plan`` flag in ``deployment.json`` the GPUs that pass only without
-headroom (``--no-headroom`` turns that off); ``python -m twin run`` prints both.
+``h = 0`` (a profile without constants) it is the plain verdict. A server is judged with it when
+its ``ServerConfig.headroom`` asks (``RunMetrics.headroom``: h, regime, ok; ``accepted`` then
+requires it): ``optim plan`` does by default (``--no-headroom``: the plain rule), ``optim solve
+--headroom`` and an instance's ``"headroom": true`` too. Otherwise the plain verdict rules and
+``optim solve`` / ``verify`` / ``deploy`` print the headroom verdict beside it (``deployment.json``
+flags the GPUs that pass only without it); ``python -m twin run`` prints both. Lower bounds stay
+the plain verdict's: it accepts more, so they hold for either.
 
 Refit (writes ``twin/profiles/headroom.json``)::
 

@@ -84,6 +84,9 @@ class RunMetrics:
     # ``throughput_tps`` is an upper bound on the whole window's and the other figures
     # describe the replay up to that time
     decided_at_s: float | None = None
+    # the run judged with the twin's measured headroom (``ServerConfig.headroom``;
+    # ``server.judged_with_headroom``): h, its regime and ``ok``; None: the plain verdict
+    headroom: dict | None = None
 
     @property
     def slo_met(self) -> bool:
@@ -91,10 +94,15 @@ class RunMetrics:
         return self.slo is None or bool(self.slo["ok"])
 
     @property
+    def headroom_met(self) -> bool:
+        """The run passes with the twin's measured headroom (True when not judged with it)."""
+        return self.headroom is None or bool(self.headroom["ok"])
+
+    @property
     def accepted(self) -> bool:
-        """The twin's verdict on this server: it started (no memory error), is not starved
-        and meets its SLO, if any."""
-        return not (self.memory_error or self.starved) and self.slo_met
+        """The twin's verdict on this server: it started (no memory error), is not starved,
+        meets its SLO, if any, and passes with the measured headroom when judged with it."""
+        return not (self.memory_error or self.starved) and self.slo_met and self.headroom_met
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -43,6 +43,9 @@ class ServerConfig:
     compute-bound step terms slow down as ``twin.power`` models (``None``: no cap).
     CLI: ``twin run --power-cap W``. ``slo`` (a :class:`twin.slo.Slo`) is, like the starvation
     threshold, how the twin judges the run, not a vLLM argument (``RunMetrics.slo``).
+    ``headroom``: judge the run with the twin's measured headroom too (``twin.headroom``: its
+    throughput discounted by the optimism the twin showed on real runs of its regime must still
+    meet the threshold; ``RunMetrics.headroom``); also a judging rule, not a vLLM argument.
     """
 
     max_loras: int
@@ -53,6 +56,7 @@ class ServerConfig:
     client_max_waiting: int | None = None
     power_cap_w: float | None = None
     slo: Slo | None = None
+    headroom: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_loras, (int, np.integer)) or self.max_loras < 1:
@@ -71,6 +75,8 @@ class ServerConfig:
                              f"{self.starvation_threshold!r}")
         if self.slo is not None and not isinstance(self.slo, Slo):
             raise ValueError(f"slo must be a twin.slo.Slo, got {type(self.slo).__name__}")
+        if not isinstance(self.headroom, bool):
+            raise ValueError(f"headroom must be True or False, got {self.headroom!r}")
 
 
 def resolve_max_rank(profile: GpuProfile, adapters: Sequence[Adapter],
@@ -253,7 +259,21 @@ def simulate_requests(profile: GpuProfile, adapters: Sequence[Adapter], requests
                     starved=True, decided_at_s=float(run.stats[K.ST_DECIDED_T]))
     else:                               # (a partial run's energy would mislead)
         m = _power_of_run(m, profile, config, run, requests, duration_s)
+        if config.headroom:
+            m = judged_with_headroom(m, profile, config.max_loras, len(adapters),
+                                     config.starvation_threshold)
     return _with_wall(m, run.wall_s)
+
+
+def judged_with_headroom(m: RunMetrics, profile, max_loras: int, served_adapters: int,
+                         threshold: float) -> RunMetrics:
+    """``m`` with ``headroom`` set: the headroom of its regime (``twin.headroom``) and whether
+    the run passes with it; ``RunMetrics.accepted`` then requires that too."""
+    from .headroom import judge
+    ok, hr = judge(profile, max_loras, served_adapters, m, threshold)
+    return replace(m, headroom={"h": hr.h, "ok": ok, "text": hr.describe(),
+                                "regime": hr.regime.describe() if hr.regime else None,
+                                "table_level": hr.key, "max_search_runs": hr.runs})
 
 
 def _with_wall(m: RunMetrics, wall: float) -> RunMetrics:
