@@ -162,6 +162,31 @@ def test_observed_gap_quantiles_match_a_simulation_of_the_delays():
         hist, 0.99, p, mu)
 
 
+def test_observed_gap_quantiles_match_a_simulation_of_the_stalls():
+    """A gap g holds a stall with probability rate x g (stalls at ``rate`` per second), seen
+    as g + an exponential stall; with the delivery delays on top. Upper quantiles only (the
+    catch-up gaps after a stall are not modelled)."""
+    rng = np.random.default_rng(1)
+    gaps = rng.lognormal(np.log(120.0), 0.2, 400_000)
+    hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+    np.add.at(hist, [K.itl_bin(float(g)) for g in gaps], 1)
+    p, mu, rate, stall = 0.02, 300.0, 0.08, 2500.0
+    j = np.where(rng.random(len(gaps) + 1) < p, rng.exponential(mu, len(gaps) + 1), 0.0)
+    seen = np.maximum(gaps + j[1:] - j[:-1], 0.0)
+    held = rng.random(len(gaps)) < np.minimum(1.0, rate * gaps / 1000.0)
+    seen = np.where(held, gaps + rng.exponential(stall, len(gaps)), seen)
+    g, w = LT._hist_points(hist)
+    for x in (300.0, 800.0, 2000.0, 6000.0):     # the tail, where a quantile is ill-conditioned
+        assert LT.observed_gap_survival(x, g, w, p, mu, rate, stall) == pytest.approx(
+            np.mean(seen > x), rel=0.05)
+    assert LT.observed_gap_quantile(hist, 0.99, p, mu, rate, stall) == pytest.approx(
+        np.quantile(seen, 0.99), rel=0.06)
+    assert LT.observed_gap_quantile(hist, 0.99, p, mu, 0.0, stall) == pytest.approx(
+        LT.observed_gap_quantile(hist, 0.99, p, mu), rel=2e-4)   # no stalls: the delays alone
+    assert LT.observed_gap_quantile(hist, 0.99, p, mu, 2 * rate, stall) > \
+        LT.observed_gap_quantile(hist, 0.99, p, mu, rate, stall)
+
+
 def test_bad_constants_are_refused():
     with pytest.raises(ValueError, match="itl_delay_prob"):
         _tail(itl_delay_prob=1.5)
