@@ -83,6 +83,14 @@ def cmd_replan(a: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     from .replan import check_same_model
     check_same_model(prev, inst, a.previous, a.instance)     # before any solve or replay
+    headroom = a.headroom if a.headroom is not None else (
+        inst.headroom or bool(prev.params.get("headroom")))  # twin.headroom: as the plan was
+    if headroom != inst.headroom:
+        from dataclasses import replace
+        inst = replace(inst, headroom=headroom)
+        if not a.quiet and a.headroom is None:
+            print("the previous plan was judged with the twin's measured headroom; so is the "
+                  "re-plan (--no-headroom: the plain 90 % rule)", file=sys.stderr)
     opts = ReplanOptions(churn_weight=a.churn_weight if a.churn_weight is not None else
                          ReplanOptions.churn_weight, max_moves=a.max_moves,
                          duration_s=a.duration, workers=a.workers, transition=a.transition,
@@ -199,6 +207,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                    help="extra cost (GPUs + churn weight x moves) a candidate whose switch-over "
                         "does not starve may have over a cheaper one that starves (default "
                         "0.25)")
+    r.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=None,
+                   help="judge every GPU with the twin's measured headroom too (twin.headroom; "
+                        "default: as the instance says, or as the previous plan was judged)")
     r.add_argument("--json", default=None, help="write the new plan (JSON, with params.replan)")
     r.add_argument("--force", action="store_true", help="overwrite --json")
     r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")

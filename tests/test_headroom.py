@@ -250,6 +250,22 @@ def test_plan_passes_with_headroom_by_default_and_plain_on_request(tmp_path):
     plain = make_plan(inst, tmp_path / "plain", quiet=True, deploy_opts=DeployOptions())
     assert all(g.verified.headroom is None for g in plain.placement.gpus)
     assert plain.placement.n_gpus <= p.n_gpus
+    # a re-plan of the plan keeps judging with the headroom unless told otherwise
+    from optim.cli import main
+    d = inst.to_dict()
+    for a in d["adapters"]:
+        a["rate"] *= 1.05
+    (tmp_path / "drift.json").write_text(json.dumps(d))
+    args = ["replan", str(tmp_path / "drift.json"), "--previous",
+            str(tmp_path / "hr" / "placement.json"), "--no-resolve", "--no-transition",
+            "--quiet", "--json"]
+    assert main(args + [str(tmp_path / "re.json")]) == 0
+    re = json.loads((tmp_path / "re.json").read_text())
+    assert re["params"].get("headroom") and all(g["verified"]["headroom"] for g in re["gpus"])
+    assert main(args + [str(tmp_path / "re_plain.json"), "--no-headroom"]) == 0
+    re_plain = json.loads((tmp_path / "re_plain.json").read_text())
+    assert not re_plain["params"].get("headroom")
+    assert all(g["verified"]["headroom"] is None for g in re_plain["gpus"])
 
 
 def test_solve_with_headroom_states_it_in_the_verdict_and_the_claim(capsys):
