@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
@@ -78,12 +79,10 @@ def cmd_solve(a: argparse.Namespace) -> int:
         if slo.warmup_s >= (a.duration or inst.duration_s):
             raise CliError(f"--slo: warmup_s {slo.warmup_s:g} s leaves nothing of the "
                            f"{a.duration or inst.duration_s:g} s twin window to judge")
-        from dataclasses import replace
         if inst.slo is not None and inst.slo.classes:   # --slo sets the top level; classes stay
             slo = replace(slo, classes=inst.slo.classes)
         inst = replace(inst, slo=slo)
     if a.headroom:                      # twin.headroom: judge every GPU with it too
-        from dataclasses import replace
         inst = replace(inst, headroom=True)
     import twin.fleet
     with contextlib.ExitStack() as stack:   # Ray starts / joins its cluster before solving
@@ -157,7 +156,6 @@ def _write_interrupted(p, json_out) -> None:
 def _with_max_homes(inst, k: int, method: str, info):
     """``inst`` with ``max_homes`` k (``--max-homes``), refused for a method that does not
     replicate or beyond the pool."""
-    from dataclasses import replace
     if k > 1 and not info.max_homes:
         which = ", ".join(n for n in method_names() if get_method(n).max_homes)
         raise CliError(f"--max-homes {k}: method '{method}' does not split adapters within "

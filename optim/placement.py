@@ -116,7 +116,8 @@ class GpuPlan:
         id order: the twin draws adapter ``i``'s requests from child ``i`` of the GPU's seed, so
         the order fixes the draw, and a GPU is a set of adapters — listing them in another order
         must not change the verdict (``feasibility.one_gpu_excluded`` relies on it)."""
-        return GpuAssignment(self.profile, self.server_config(starvation_threshold, slo, headroom),
+        return GpuAssignment(self.profile,
+                             self.server_config(starvation_threshold, slo, headroom),
                              tuple(sorted(self.adapters, key=lambda p: p[0].id)))
 
     # --- headroom (twin.headroom) ---------------------------------------------------------
