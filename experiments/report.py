@@ -74,6 +74,8 @@ STUDIES: tuple[Study, ...] = (
           ("-m", "experiments.replan", "--quick")),
     Study("routing_quick", "routing policies on the fleet twin",
           ("-m", "experiments.routing", "--quick")),
+    Study("amax_curves", "is throughput vs Amax unimodal? brute force against the search",
+          ("-m", "experiments.amax_curves", "--workers", "2")),
     Study("gpu_savings", "GPUs by greedy on every paper instance, certified optimal",
           ("-m", "experiments.gpu_savings", "--methods", "greedy", "--workers", "2")),
     Study("first_solve", "first solves of every small and paper instance with a target",

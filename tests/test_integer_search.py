@@ -79,6 +79,51 @@ def test_twin_search_agrees_with_brute_force_over_every_amax(n, seed, load):
     if scores[b - 1] >= 1.0:
         assert found is not None and found.max_loras == b
         assert found.verified is not None and found.verified.ok
-    else:
-        assert found is None
-    assert runs < top
+        assert runs < top
+    else:                       # given up only after every integer Amax was replayed
+        assert found is None and runs == top
+
+
+def _bimodal(xs):
+    """A score curve with a narrow accepted peak at Amax 37 that the coarse scan (probes 1, 2,
+    4, 8, 15, 29, 56, ...) and its refinement around the wide local maximum at 8 never see."""
+    return [1.2 if a == 37 else 0.95 - 0.01 * abs(a - 8) / 8 for a in xs]
+
+
+def test_twin_best_amax_finds_an_accepted_amax_the_search_skips(monkeypatch):
+    """The score-vs-Amax curve is not unimodal (experiments.amax_curves): when the search's
+    best is rejected, twin_best_amax replays every Amax it skipped before it gives the GPU up."""
+    import optim.amax_search as AS
+    from types import SimpleNamespace
+    calls = []
+
+    def fake_scores(inst, plan, amaxes, seed, duration_s, workers=None, stop_below=None):
+        calls.append((list(amaxes), stop_below))
+        return [(v, SimpleNamespace(tag=a)) for a, v in zip(amaxes, _bimodal(amaxes))]
+
+    monkeypatch.setattr(AS, "twin_scores", fake_scores)
+    monkeypatch.setattr(AS.GpuMetrics, "from_run", staticmethod(lambda m: None))
+    inst = _inst(64, 0, WINDOW, 10_000.0)
+    plan = plan_gpu("h100", LLAMA, 1, [(a, 1.0) for a in inst.adapters], inst.mean_tokens, 8)
+    top = amax_upper(plan)
+    _, s, seen = search_max(lambda xs: _bimodal(xs), top)
+    assert s < 1.0 and 37 not in seen                  # the search alone gives it up
+    found, runs = twin_best_amax(inst, plan, 0, WINDOW)
+    assert found is not None and found.max_loras == 37 and runs == top
+    assert calls[-1][1] == 1.0 and 37 in calls[-1][0]  # the fallback stops replays early
+
+
+def test_overload_candidates_take_every_amax_near_the_best():
+    """The count-aware carry limits rank Amax by saturated throughput over every integer (no
+    search): the global best of a curve with several local maxima, and every Amax within
+    CANDIDATE_RTOL of it, are candidates."""
+    from optim.capacity import CANDIDATE_RTOL, _overload_candidates
+    curve = {a: 100.0 - abs(a - 6) for a in range(1, 41)}
+    curve[33] = 104.0
+    curve[34] = 104.0 * (1 - CANDIDATE_RTOL) - 0.01
+    curve[30] = 104.0 * (1 - CANDIDATE_RTOL)
+    seen = []
+    best, top, near = _overload_candidates(lambda xs: (seen.extend(xs), [curve[a] for a in xs])[1],
+                                           40)
+    assert (best, top) == (33, 104.0) and sorted(seen) == list(range(1, 41))
+    assert near == [30, 33]
