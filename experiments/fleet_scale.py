@@ -118,8 +118,8 @@ def time_sample(p: Placement, inst: Instance, duration_s: float, k: int) -> list
         prof = load_profile(gpu.profile)
         # in the twin's order (id order), as verification draws them
         adapters = [replace(a, rate=a.rate * s)
-                    for a, s in gpu.twin_assignment(inst.starvation_threshold, inst.slo).adapters]
-        cfg = gpu.server_config(inst.starvation_threshold)
+                    for a, s in gpu.twin_assignment(inst.judging).adapters]
+        cfg = gpu.server_config(inst.judging)
         c0, t0 = time.process_time(), time.perf_counter()
         req = generate_requests(adapters, duration_s, inst.lengths, seed=inst.seed + g)
         t1 = time.perf_counter()

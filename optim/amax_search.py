@@ -65,7 +65,7 @@ def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
         raise ValueError(f"twin_scores: {len(seeds)} seeds for {len(amaxes)} Amax values")
     cands = [GpuPlan(plan.gpu_type, plan.profile, int(a), plan.max_lora_rank, plan.adapters,
                      plan.offered_tps, plan.predicted) for a in amaxes]
-    jobs = [c.twin_assignment(inst.starvation_threshold, inst.slo, inst.headroom) for c in cands]
+    jobs = [c.twin_assignment(inst.judging) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
                          check_routing=False, seeds=seeds, stop_below=stop_below)
     out = []

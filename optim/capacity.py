@@ -44,7 +44,7 @@ from twin import kernel as K
 from twin.lengths import LengthModel, default_lengths
 from twin.metrics import compute_metrics
 from twin.profile import GpuProfile, load_profile
-from twin.server import ServerConfig, simulate_requests, simulate_server
+from twin.server import Judging, ServerConfig, simulate_requests, simulate_server
 from twin.slo import Slo
 from twin.workload import Adapter, generate_requests
 
@@ -260,8 +260,7 @@ def _equal_jobs(prof: GpuProfile, rank: int, n: int, amax: int, loads: Sequence[
                 lengths: LengthModel, threshold: float, slo: Slo | None = None):
     from twin.fleet import GpuAssignment
     per = lengths.mean_input + lengths.mean_output
-    cfg = ServerConfig(max_loras=int(amax), max_lora_rank=rank, starvation_threshold=threshold,
-                       slo=slo)
+    cfg = Judging(threshold, slo).server_config(int(amax), rank)
     # the profile itself, not its name: a profile given as a file path has no shipped name
     return [GpuAssignment(prof, cfg, tuple((Adapter(f"e{i}", rank, load / per / n), 1.0)
                                                 for i in range(n))) for load in loads]

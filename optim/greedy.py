@@ -480,7 +480,7 @@ def _twin_ok(inst: Instance, plan: GpuPlan, duration_s: float, seed: int) -> tup
     from twin.profile import load_profile
     from twin.server import simulate_server
     m = simulate_server(load_profile(plan.profile), [a for a, _ in plan.adapters],
-                        plan.server_config(inst.starvation_threshold, inst.slo, inst.headroom),
+                        plan.server_config(inst.judging),
                         duration_s, lengths=inst.lengths, seed=seed)
     return m.accepted, m
 

@@ -78,6 +78,7 @@ from twin.identifiers import identifier
 from twin.limits import (MAX_ADAPTERS_PER_INSTANCE, MAX_DURATION_S, MAX_REQUESTS_PER_SERVER,
                          check_adapter_count)
 from twin.profile import GpuProfile, load_profile
+from twin.server import Judging
 from twin.slo import Slo
 from twin.workload import Adapter, load_adapters_csv
 
@@ -181,6 +182,11 @@ class Instance:
         return (self.power_budget_w is not None or self.objective.kind == "energy"
                 or any(t.gpu is not None or t.power_caps_w or t.load_profile().is_derived
                        for t in self.gpu_types))
+
+    @property
+    def judging(self) -> Judging:
+        """How the twin judges this instance's GPUs: its threshold, SLO and headroom."""
+        return Judging(self.starvation_threshold, self.slo, self.headroom)
 
     @property
     def mean_tokens(self) -> float:

@@ -24,8 +24,7 @@ from typing import Any, Iterable, Sequence
 from twin.fleet import GpuAssignment
 from twin.identifiers import clean_identifier
 from twin.metrics import RunMetrics
-from twin.server import ServerConfig
-from twin.slo import Slo
+from twin.server import Judging, ServerConfig
 from twin.workload import Adapter
 
 from .feasibility import FeasibilityReport, Reason
@@ -102,22 +101,17 @@ class GpuPlan:
     def n_adapters(self) -> int:
         return len(self.adapters)
 
-    def server_config(self, starvation_threshold: float = 0.9, slo: Slo | None = None,
-                      headroom: bool = False) -> ServerConfig:
-        """The twin's server configuration; ``starvation_threshold``, ``slo`` and ``headroom``
-        are how the twin judges it (the instance's)."""
-        return ServerConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
-                            starvation_threshold=starvation_threshold,
-                            power_cap_w=self.power_cap_w, slo=slo, headroom=headroom)
+    def server_config(self, judging: Judging = Judging()) -> ServerConfig:
+        """The twin's server configuration, judged by ``judging`` (the instance's:
+        ``Instance.judging``)."""
+        return judging.server_config(self.max_loras, self.max_lora_rank, self.power_cap_w)
 
-    def twin_assignment(self, starvation_threshold: float = 0.9, slo: Slo | None = None,
-                        headroom: bool = False) -> GpuAssignment:
+    def twin_assignment(self, judging: Judging = Judging()) -> GpuAssignment:
         """This GPU as a job of the fleet twin (``twin.fleet.simulate_fleet``), its adapters in
         id order: the twin draws adapter ``i``'s requests from child ``i`` of the GPU's seed, so
         the order fixes the draw, and a GPU is a set of adapters — listing them in another order
         must not change the verdict (``feasibility.one_gpu_excluded`` relies on it)."""
-        return GpuAssignment(self.profile,
-                             self.server_config(starvation_threshold, slo, headroom),
+        return GpuAssignment(self.profile, self.server_config(judging),
                              tuple(sorted(self.adapters, key=lambda p: p[0].id)))
 
     # --- headroom (twin.headroom) ---------------------------------------------------------

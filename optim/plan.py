@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from twin.server import Judging
 from twin.workload import Adapter
 
 from .instance import Instance, InstanceError, instance_from_dict
@@ -265,13 +266,11 @@ def amax_points(n_adapters: int, top: int, chosen: int) -> list[int]:
     return sorted(pts | {hi} | ({min(chosen, top)} if chosen >= 1 else set()))
 
 
-def _assign(plan: GpuPlan, amax: int, thr: float, scale: float = 1.0, slo=None,
-            headroom: bool = False):
+def _assign(plan: GpuPlan, amax: int, judging: Judging, scale: float = 1.0):
     """``plan`` as a fleet-twin job at Amax ``amax`` with every adapter's rate x ``scale``,
-    judged with the starvation threshold ``thr``, the latency SLO ``slo`` (if any) and the
-    measured headroom when ``headroom``."""
+    judged by ``judging``."""
     ads = tuple((Adapter(a.id, a.rank, a.rate * scale), s) for a, s in plan.adapters)
-    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(thr, slo, headroom)
+    return replace(plan, max_loras=int(amax), adapters=ads).twin_assignment(judging)
 
 
 def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
@@ -295,15 +294,14 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
     def offered(g: GpuPlan) -> float:
         return max(sum(inst.load_tps(a) * s for a, s in g.adapters), 1e-9)
 
-    sat = run([_assign(g, g.max_loras, thr, 40_000.0 / offered(g), inst.slo, inst.headroom)
-               for g in p.gpus], seeds)
+    sat = run([_assign(g, g.max_loras, inst.judging, 40_000.0 / offered(g)) for g in p.gpus],
+              seeds)
     lo = [0.5 * thr * m.throughput_tps for m in sat]
     hi = [max(m.throughput_tps / thr, 1.0) * 1.05 for m in sat]
     for _ in range(CAPACITY_ROUNDS):
         mid = [(a + b) / 2 for a, b in zip(lo, hi)]
-        res = run([_assign(g, g.max_loras, thr, x / offered(g), inst.slo, inst.headroom)
-                   for g, x in zip(p.gpus, mid)],
-                  seeds)
+        res = run([_assign(g, g.max_loras, inst.judging, x / offered(g))
+                   for g, x in zip(p.gpus, mid)], seeds)
         for i, m in enumerate(res):
             ok = m.accepted
             lo[i], hi[i] = (mid[i], hi[i]) if ok else (lo[i], mid[i])
@@ -314,7 +312,7 @@ def gpu_curves(inst: Instance, p: Placement, window_s: float = CURVE_WINDOW_S,
         plan = p.gpus[g]
         top = max_startable_amax(plan.profile, plan.max_lora_rank)
         for a in amax_points(plan.n_adapters, max(top, 1), plan.max_loras):
-            jobs.append(_assign(plan, a, thr, slo=inst.slo, headroom=inst.headroom))
+            jobs.append(_assign(plan, a, inst.judging))
             sds.append(seeds[g])
             where.append((g, a))
     res = run(jobs, sds)

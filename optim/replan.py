@@ -196,7 +196,7 @@ def _twin(inst: Instance, plans: Sequence[GpuPlan], indices: Sequence[int], dura
     """Twin metrics of ``plans`` as GPUs ``indices`` of a placement (their verification seeds)."""
     if not plans:
         return []
-    jobs = [p.twin_assignment(inst.starvation_threshold, inst.slo, inst.headroom) for p in plans]
+    jobs = [p.twin_assignment(inst.judging) for p in plans]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
                          check_routing=False, seeds=[inst.seed + i for i in indices])
     return [GpuMetrics.from_run(m) for m in res.per_gpu]

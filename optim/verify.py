@@ -36,7 +36,7 @@ def verify(placement: Placement, inst: Instance, duration_s: float | None = None
         raise ValueError(f"placement of '{placement.instance}' by {placement.method}: "
                          + "; ".join(problems[:5]))
     dur = float(duration_s if duration_s is not None else inst.duration_s)
-    jobs = [g.twin_assignment(inst.starvation_threshold, inst.slo, inst.headroom)
+    jobs = [g.twin_assignment(inst.judging)
             for g in placement.gpus]
     t0 = time.perf_counter()
     result = simulate_fleet(jobs, duration_s=dur, lengths=inst.lengths,

@@ -29,6 +29,25 @@ SHARED_BENCHMARK_CLIENT_MAX_WAITING = 25_500
 
 
 @dataclass(frozen=True)
+class Judging:
+    """How the twin judges a run — not vLLM arguments: the starvation ``threshold`` (served /
+    offered tokens), an optional latency ``slo`` (:class:`twin.slo.Slo`) and whether the measured
+    ``headroom`` (``twin.headroom``) must be met too. One object, so a new judging rule is a
+    one-place change for everything that verifies, searches or repairs (``optim``)."""
+
+    threshold: float = 0.9
+    slo: Slo | None = None
+    headroom: bool = False
+
+    def server_config(self, max_loras: int, max_lora_rank: int | None = None,
+                      power_cap_w: float | None = None) -> "ServerConfig":
+        """A :class:`ServerConfig` with these vLLM settings, judged by this rule."""
+        return ServerConfig(max_loras=max_loras, max_lora_rank=max_lora_rank,
+                            starvation_threshold=self.threshold, power_cap_w=power_cap_w,
+                            slo=self.slo, headroom=self.headroom)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """vLLM server arguments the twin honours.
 

@@ -210,7 +210,7 @@ def capacity_cuts(inst: Instance, P: PackingProblem,
             plan = plan_gpu(gt.name, gt.profile, amax,
                             [(inst.adapters[i], s) for i, s in zip(idx, shares or [1.0] * len(idx))],
                             inst.mean_tokens, max_lora_rank=rank)
-            jobs.append(plan.twin_assignment(theta, inst.slo, inst.headroom))
+            jobs.append(plan.twin_assignment(replace(inst.judging, threshold=theta)))
         t0 = time.perf_counter()
         res = simulate_fleet(jobs, duration_s=float(duration_s or inst.duration_s),
                              lengths=inst.lengths, seed=inst.seed, workers=workers,
