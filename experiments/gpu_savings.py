@@ -235,6 +235,30 @@ def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def accepted_counts(rows: Sequence[dict]) -> list[int]:
+    """The GPU counts of the rows that have one (a failed method has none)."""
+    return [int(r["gpus"]) for r in rows if r.get("gpus") == r.get("gpus")
+            and r.get("gpus") is not None]
+
+
+def point_bound(inst: Instance, bound, counts: Sequence[int], duration_s: float,
+                workers: int | None) -> int:
+    """The point's ``lb``: the twin lower bound, raised by the exclusion of the best count minus
+    one without the bound's load thresholds where the best count is one above it
+    (``feasibility.raise_bound_to``) — the same for a solve and for ``--rebound``."""
+    if counts and min(counts) == bound.best + 1:
+        return raise_bound_to(inst, bound.best, min(counts), duration_s, workers)
+    return bound.best
+
+
+def rebound(inst: Instance, part, workers: int | None, pair_checks: int) -> tuple[int, int]:
+    """(lb, lb_one) of one instance's stored rows ``part`` with the current code."""
+    dur = float(part["duration_s"].iloc[0])
+    b = twin_lower_bound(inst, dur, workers, pair_checks)
+    return point_bound(inst, b, accepted_counts(part.to_dict(orient="records")), dur,
+                       workers), b.one_adapter
+
+
 def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_extra: int,
                 pair_checks: int, workers: int | None, store: RowStore | None, head: dict,
                 commit: str) -> list[dict]:
@@ -255,10 +279,8 @@ def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_e
         r = gpus_needed(inst, m, duration_s, max_extra, workers)
         mine.append({**head, "lb": bound.best, "lb_one": bound.one_adapter, "method": m,
                      "duration_s": duration_s, **r, "commit": commit})
-    counts = [int(r["gpus"]) for r in mine if r.get("gpus") == r.get("gpus")
-              and r.get("gpus") is not None]
-    if counts and min(counts) == bound.best + 1:
-        lb = raise_bound_to(inst, bound.best, min(counts), duration_s, workers)
+    lb = point_bound(inst, bound, accepted_counts(mine), duration_s, workers)
+    if lb != bound.best:
         mine = [{**r, "lb": lb} for r in mine]
     for m, row in zip(methods, mine):
         if store is not None and store.get(keys[m]) is None:
@@ -331,10 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods = list(dict.fromkeys(old["method"]))
         paths = [by_name[n] for n in dict.fromkeys(old["instance"])]
         for name, part in tqdm(old.groupby("instance", sort=False), desc="bounds", unit="inst"):
-            b = twin_lower_bound(load_instance(by_name[name]), float(part["duration_s"].iloc[0]),
-                                 a.workers, a.pair_checks)
-            rows += [{**r, "lb": b.best, "lb_one": b.one_adapter}
-                     for r in part.to_dict(orient="records")]
+            lb, one = rebound(load_instance(by_name[name]), part, a.workers, a.pair_checks)
+            rows += [{**r, "lb": lb, "lb_one": one} for r in part.to_dict(orient="records")]
         paths_iter: list[Path] = []
     else:
         paths_iter = paths

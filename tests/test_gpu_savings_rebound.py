@@ -1,0 +1,42 @@
+"""experiments.gpu_savings --rebound recomputes a point's bound as a solve does: the twin lower
+bound, raised by the exclusion of the best count minus one where that count is one above it
+(the rebound path once skipped that step and reported two certified quick points as one GPU
+above their bound)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+
+import experiments.gpu_savings as GS
+
+
+def _patch(monkeypatch, best: int, raised: int, calls: list):
+    monkeypatch.setattr(GS, "twin_lower_bound",
+                        lambda inst, dur, workers, pair: SimpleNamespace(best=best, one_adapter=1))
+
+    def raise_to(inst, lb, count, dur, workers):
+        calls.append((lb, count, dur))
+        return raised
+    monkeypatch.setattr(GS, "raise_bound_to", raise_to)
+
+
+def test_rebound_raises_the_bound_where_the_best_count_is_one_above(monkeypatch):
+    calls: list = []
+    _patch(monkeypatch, best=1, raised=2, calls=calls)
+    part = pd.DataFrame([{"instance": "p", "method": "greedy", "gpus": 2, "failed": False,
+                          "duration_s": 600.0},
+                         {"instance": "p", "method": "maxbase", "gpus": float("nan"),
+                          "failed": True, "duration_s": 600.0}])
+    assert GS.rebound(object(), part, 1, 0) == (2, 1)
+    assert calls == [(1, 2, 600.0)]
+
+
+def test_rebound_keeps_the_bound_elsewhere(monkeypatch):
+    calls: list = []
+    _patch(monkeypatch, best=1, raised=2, calls=calls)
+    part = pd.DataFrame([{"instance": "p", "method": "greedy", "gpus": 3, "failed": False,
+                          "duration_s": 3600.0}])
+    assert GS.rebound(object(), part, 1, 0) == (1, 1)
+    assert calls == []
