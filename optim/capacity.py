@@ -130,7 +130,7 @@ LEAST_WORK_AMAX = (1, 2)   # one adapter: the configurations that can do the lea
 SPREAD_SIGMAS = 4.0        # margin: mean + 4 sample standard deviations over the seeds
 LIMIT_RTOL = 1e-3          # bisection resolution of a limit (relative)
 SLO_BRACKET_STEP = 1.25    # downward bracket step of a limit under a latency SLO (far below)
-_LIMIT_VERSIONS = (1, 5)    # one adapter, several: bump when a measurement changes (disk cache)
+_LIMIT_VERSIONS = (1, 6)    # one adapter, several: bump when a measurement changes (disk cache)
 
 
 @dataclass(frozen=True)
@@ -380,6 +380,7 @@ def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: Length
 
 
 CANDIDATE_RTOL = 0.02      # Amax within 2 % of the best saturated throughput: limit candidates
+CANDIDATE_MAX = 4          # ... at most this many of them, the best first (noisy plateaus)
 
 
 def _overload_candidates(score, hi: int) -> tuple[int, float, list[int]]:
@@ -387,13 +388,17 @@ def _overload_candidates(score, hi: int) -> tuple[int, float, list[int]]:
     all replayed (one parallel batch). The curve is not unimodal — run-to-run noise of a few
     tenths of a percent puts several local maxima on it (``experiments.amax_curves``), and a
     local search missed the best Amax by up to 1 % there — so nothing is skipped. Candidates:
-    every Amax within ``CANDIDATE_RTOL`` of the best (the overload ranking need not be the
-    ranking at the limit; each is bisected or checked per seed by ``_best_of_amaxes``)."""
+    the ``CANDIDATE_MAX`` highest Amax within ``CANDIDATE_RTOL`` of the best (the overload
+    ranking need not be the ranking at the limit; each is bisected or checked per seed by
+    ``_best_of_amaxes``). Beyond about 32 adapters the curve is a plateau of noise where dozens
+    of Amax lie within 2 % of the best; checking them all at every seed made one limit cost
+    minutes, for differences inside the limit's own spread margin."""
     xs = list(range(1, int(hi) + 1))
     v = np.asarray(score(xs), dtype=float)
     j = int(np.argmax(v))                           # ties: the smallest Amax
     top = float(v[j])
     near = [a for a, x in zip(xs, v) if np.isfinite(x) and x >= (1.0 - CANDIDATE_RTOL) * top]
+    near = sorted(sorted(near, key=lambda a: (-v[a - 1], a))[:CANDIDATE_MAX])
     return xs[j], top, near
 
 
@@ -454,7 +459,8 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     saturated throughput, every integer 1..min(n + 1, largest startable Amax) replayed with the
     first seed at an overload of 1.05 x the one-adapter limit (no search: the curve has several
     local maxima); the limit is then bisected at that Amax for the first ``COUNT_SEEDS`` seeds,
-    and every Amax within ``CANDIDATE_RTOL`` of its throughput, n and n + 1 raise a seed's limit
+    and the ``CANDIDATE_MAX`` best Amax within ``CANDIDATE_RTOL`` of its throughput, n and
+    n + 1 raise a seed's limit
     where they carry more (``_best_of_amaxes``: each seed keeps its best), and the
     spread taken is at least the one-adapter spread relative to its limit (measured on all
     seeds). With a latency ``slo`` the limit is the largest load also meeting it (the same

@@ -117,7 +117,7 @@ def test_overload_candidates_take_every_amax_near_the_best():
     """The count-aware carry limits rank Amax by saturated throughput over every integer (no
     search): the global best of a curve with several local maxima, and every Amax within
     CANDIDATE_RTOL of it, are candidates."""
-    from optim.capacity import CANDIDATE_RTOL, _overload_candidates
+    from optim.capacity import CANDIDATE_MAX, CANDIDATE_RTOL, _overload_candidates
     curve = {a: 100.0 - abs(a - 6) for a in range(1, 41)}
     curve[33] = 104.0
     curve[34] = 104.0 * (1 - CANDIDATE_RTOL) - 0.01
@@ -127,3 +127,8 @@ def test_overload_candidates_take_every_amax_near_the_best():
                                            40)
     assert (best, top) == (33, 104.0) and sorted(seen) == list(range(1, 41))
     assert near == [30, 33]
+    # a noisy plateau: only the CANDIDATE_MAX best near ones, the global best among them
+    plateau = {a: 100.0 + 0.01 * ((a * 7) % 11) for a in range(1, 61)}
+    best, top, near = _overload_candidates(lambda xs: [plateau[a] for a in xs], 60)
+    assert len(near) == CANDIDATE_MAX and best in near
+    assert min(plateau[a] for a in near) >= max(plateau[a] for a in plateau if a not in near)
