@@ -235,6 +235,22 @@ def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def stored_rows(path: Path, quick: bool, methods: str | None) -> pd.DataFrame:
+    """The latest stored row of each (instance, method) in a ``--store`` file, of the quick
+    study's 600 s window with ``quick`` and of the full study's windows without it, restricted
+    to ``methods`` (comma list) when given."""
+    if not path.is_file():
+        raise OSError(f"no such file: {path}")
+    want = set(methods.split(",")) if methods else None
+    last: dict[tuple[str, str], dict] = {}
+    for r in RowStore(path).rows.values():
+        if (float(r["duration_s"]) == 600.0) == quick and (want is None or r["method"] in want):
+            last[(r["instance"], r["method"])] = r
+    if not last:
+        raise ValueError(f"{path}: no stored rows of the {'quick' if quick else 'full'} study")
+    return pd.DataFrame(list(last.values()))
+
+
 def accepted_counts(rows: Sequence[dict]) -> list[int]:
     """The GPU counts of the rows that have one (a failed method has none)."""
     return [int(r["gpus"]) for r in rows if r.get("gpus") == r.get("gpus")
@@ -315,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "window, options and the twins' fingerprints (the row records its "
                          "commit); a rerun takes the stored rows; '' turns it off")
     ap.add_argument("--rebound", default=None, metavar="ROWS.json",
-                    help="no solving: read the rows an earlier run wrote with --json, recompute "
+                    help="no solving: read the rows an earlier run wrote with --json (or the "
+                         "latest stored rows of a --store .jsonl file), recompute "
                          "each instance's lower bound (same window) with the current code, and "
                          "write and print the figures again")
     a = ap.parse_args(argv)
@@ -336,8 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     if a.rebound is not None:
         try:
-            old = pd.read_json(Path(a.rebound), orient="records")
-        except (OSError, ValueError) as e:
+            old = (stored_rows(Path(a.rebound), a.quick, a.methods)
+                   if str(a.rebound).endswith(".jsonl")
+                   else pd.read_json(Path(a.rebound), orient="records"))
+        except (OSError, ValueError, KeyError) as e:
             print(f"error: --rebound {a.rebound}: cannot read rows ({e})", file=sys.stderr)
             return 2
         missing = {"instance", "method", "gpus", "failed", "duration_s"} - set(old.columns)

@@ -40,3 +40,19 @@ def test_rebound_keeps_the_bound_elsewhere(monkeypatch):
                           "duration_s": 3600.0}])
     assert GS.rebound(object(), part, 1, 0) == (1, 1)
     assert calls == []
+
+
+def test_stored_rows_take_the_latest_row_of_the_chosen_study(tmp_path):
+    from experiments.common import RowStore
+    store = RowStore(tmp_path / "points.jsonl")
+    row = {"instance": "p", "method": "greedy", "gpus": 3, "failed": False}
+    store.put("a", {**row, "duration_s": 600.0, "gpus": 4})
+    store.put("b", {**row, "duration_s": 600.0})
+    store.put("c", {**row, "duration_s": 3600.0, "gpus": 5})
+    store.put("d", {**row, "method": "maxbase", "duration_s": 600.0})
+    quick = GS.stored_rows(store.path, True, "greedy")
+    assert quick.to_dict(orient="records") == [{**row, "duration_s": 600.0}]
+    assert list(GS.stored_rows(store.path, False, None)["gpus"]) == [5]
+    import pytest
+    with pytest.raises(ValueError, match="no stored rows"):
+        GS.stored_rows(store.path, False, "maxbase")
