@@ -4,8 +4,8 @@
 
 Two kinds of curve, each replayed at every integer Amax 1..min(n + 1, largest startable):
 
-* **limit** — n equal-rate adapters of one rank at an overload of 1.05 x the one-adapter carry
-  limit, seed 0: the saturated throughput ``optim.capacity`` ranks Amax by when it measures the
+* **limit** — n equal-rate adapters of one rank at ``optim.capacity.OVERLOAD`` (1.05) x the
+  one-adapter carry limit, seed 0 (``capacity.overload_throughputs``, the same replays): the saturated throughput ``optim.capacity`` ranks Amax by when it measures the
   adapter-count carry limits behind the lower bound (a missed best Amax there would make the
   bound unsound, so that measurement now replays every Amax);
 * **score** — n adapters drawn (seeded) from a paper instance, their rates scaled so the GPU is
@@ -56,7 +56,7 @@ def local_maxima(v: np.ndarray) -> list[int]:
         while j + 1 < n and v[j + 1] == v[i]:
             j += 1
         right = v[j + 1] if j + 1 < n else -np.inf
-        if v[i] > left and v[i] > right and (i == 0 or v[i - 1] != v[i]):
+        if v[i] > left and v[i] > right:
             out.append(i + 1)
     return out
 
@@ -75,19 +75,17 @@ def compare(v: np.ndarray) -> dict:
 
 
 def limit_curve(profile: str, rank: int, n: int, duration_s: float, workers: int) -> np.ndarray:
-    from optim.capacity import _equal_jobs, carry_limit, max_startable_amax
-    from twin.fleet import simulate_fleet
+    from optim.capacity import (BOUND_SEEDS, OVERLOAD, carry_limit, max_startable_amax,
+                                overload_throughputs)
     from twin.profile import load_profile
     from twin.sharegpt import sharegpt_lengths
     prof = load_profile(profile)
     lengths = sharegpt_lengths(mean_input=223.0, mean_output=196.3)
-    one = carry_limit(prof, rank, 1, lengths, duration_s, tuple(range(8)), 0.9, workers)
-    hi = min(n + 1, max_startable_amax(prof, rank))
-    xs = list(range(1, hi + 1))
-    gpus = [_equal_jobs(prof, rank, n, a, [1.05 * one.limit_tps], lengths, 0.9)[0] for a in xs]
-    res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=workers,
-                         check_routing=False, seeds=[0] * len(xs))
-    return np.array([-np.inf if m.memory_error else m.throughput_tps for m in res.per_gpu])
+    one = carry_limit(prof, rank, 1, lengths, duration_s, tuple(range(BOUND_SEEDS)), 0.9,
+                      workers)
+    xs = list(range(1, min(n + 1, max_startable_amax(prof, rank)) + 1))
+    return np.array(overload_throughputs(prof, rank, n, xs, OVERLOAD * one.limit_tps, lengths,
+                                         duration_s, 0.9, 0, workers=workers))
 
 
 def score_curve(profile: str, n: int, load: float, duration_s: float, seed: int,
@@ -95,7 +93,7 @@ def score_curve(profile: str, n: int, load: float, duration_s: float, seed: int,
     from dataclasses import replace
 
     from optim.amax_search import amax_upper, twin_best_amax, twin_scores
-    from optim.capacity import carry_limit
+    from optim.capacity import BOUND_SEEDS, carry_limit
     from optim.instance import load_instance
     from optim.placement import plan_gpu
     inst = load_instance(REPO / "instances" / "paper" / f"{SCORE_INSTANCES[profile]}.json")
@@ -104,7 +102,7 @@ def score_curve(profile: str, n: int, load: float, duration_s: float, seed: int,
     pick = [inst.adapters[i] for i in sorted(rng.choice(len(inst.adapters), n, replace=False))]
     rank = max(a.rank for a in pick)
     one = carry_limit(profile, min(a.rank for a in inst.adapters), 1, inst.lengths, duration_s,
-                      tuple(range(8)), inst.starvation_threshold, workers)
+                      tuple(range(BOUND_SEEDS)), inst.starvation_threshold, workers)
     scale = load * one.limit_tps / (sum(a.rate for a in pick) * inst.mean_tokens)
     pairs = [(replace(a, rate=a.rate * scale), 1.0) for a in pick]
     plan = plan_gpu(inst.gpu_types[0].name, profile, 1, pairs, inst.mean_tokens, rank)

@@ -350,15 +350,9 @@ def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: Length
             guess = min(guess, carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold,
                                            1).limit_tps)
     else:
-        from twin.fleet import simulate_fleet
-        over = 1.05 * one.limit_tps
-
         def score(xs: list[int]) -> list[float]:
-            gpus = [_equal_jobs(prof, rank, n_adapters, a, [over], lengths, threshold)[0]
-                    for a in xs]            # saturated throughput: the SLO plays no part
-            res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=1,
-                                 check_routing=False, seeds=[seeds[0]] * len(xs), pool=pool)
-            return [-np.inf if m.memory_error else m.throughput_tps for m in res.per_gpu]
+            return overload_throughputs(prof, rank, n_adapters, xs, OVERLOAD * one.limit_tps,
+                                        lengths, duration_s, threshold, seeds[0], pool=pool)
 
         best, thr, amaxes = _overload_candidates(score, min(n_adapters + 1, top))
         # the overload optimum need not be the optimum at the limit: one slot per adapter
@@ -379,15 +373,31 @@ def _measure_limit(prof: GpuProfile, rank: int, n_adapters: int, lengths: Length
                         None, by)
 
 
+OVERLOAD = 1.05            # x the one-adapter limit: the load Amax are ranked at (saturated)
 CANDIDATE_RTOL = 0.02      # Amax within 2 % of the best saturated throughput: limit candidates
 CANDIDATE_MAX = 4          # ... at most this many of them, the best first (noisy plateaus)
+
+
+def overload_throughputs(prof: GpuProfile, rank: int, n: int, amaxes: Sequence[int],
+                         load_tps: float, lengths: LengthModel, duration_s: float,
+                         threshold: float, seed: int, pool=None, workers: int = 1
+                         ) -> list[float]:
+    """Twin throughput (tok/s; -inf on a memory error) of ``n`` equal-rate adapters of ``rank``
+    offered ``load_tps`` in total, at each Amax of ``amaxes``, one workload ``seed``, all in
+    one fleet run (on ``pool`` when given): the saturated throughput the count-aware limits
+    rank Amax by (an SLO plays no part in it)."""
+    from twin.fleet import simulate_fleet
+    gpus = [_equal_jobs(prof, rank, n, a, [load_tps], lengths, threshold)[0] for a in amaxes]
+    res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=workers,
+                         check_routing=False, seeds=[seed] * len(gpus), pool=pool)
+    return [-np.inf if m.memory_error else m.throughput_tps for m in res.per_gpu]
 
 
 def _overload_candidates(score, hi: int) -> tuple[int, float, list[int]]:
     """(argmax, max, candidates) of the saturated throughput ``score`` over every Amax 1..hi,
     all replayed (one parallel batch). The curve is not unimodal — run-to-run noise of a few
-    tenths of a percent puts several local maxima on it (``experiments.amax_curves``), and a
-    local search missed the best Amax by up to 1 % there — so nothing is skipped. Candidates:
+    tenths of a percent puts several local maxima on it (``experiments.amax_curves``), and the
+    integer search missed the best Amax by up to 3.2 % there — so nothing is skipped. Candidates:
     the ``CANDIDATE_MAX`` highest Amax within ``CANDIDATE_RTOL`` of the best (the overload
     ranking need not be the ranking at the limit; each is bisected or checked per seed by
     ``_best_of_amaxes``). Beyond about 32 adapters the curve is a plateau of noise where dozens
@@ -457,11 +467,11 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     Configuration. One adapter: Amax 1 and 2 are both measured; they are the least-work servers
     of all (module docstring). ``n_adapters`` >= 2: the Amax of highest
     saturated throughput, every integer 1..min(n + 1, largest startable Amax) replayed with the
-    first seed at an overload of 1.05 x the one-adapter limit (no search: the curve has several
+    first seed at an overload of ``OVERLOAD`` x the one-adapter limit (no search: the curve has several
     local maxima); the limit is then bisected at that Amax for the first ``COUNT_SEEDS`` seeds,
     and the ``CANDIDATE_MAX`` best Amax within ``CANDIDATE_RTOL`` of its throughput, n and
-    n + 1 raise a seed's limit
-    where they carry more (``_best_of_amaxes``: each seed keeps its best), and the
+    n + 1 raise a seed's limit where they carry more (``_best_of_amaxes``: each seed keeps its
+    best), and the
     spread taken is at least the one-adapter spread relative to its limit (measured on all
     seeds). With a latency ``slo`` the limit is the largest load also meeting it (the same
     least-work configurations, the same margin; keyed by the SLO too)."""
