@@ -226,3 +226,67 @@ def test_batch_adapters_is_the_step_time_weighted_mean():
     stats[K.ST_BUSY_S], stats[K.ST_DISTINCT_S] = 10.0, 45.0
     assert LT.batch_adapters(stats) == 4.5
     assert LT.batch_adapters(np.zeros(K.N_STATS)) == 0.0
+
+
+def test_cold_start_waits_match_a_direct_count():
+    """Each request waits for the end of the cold-start block it arrives in and a whole block
+    for each one starting before its first token; a brute-force count over blocks agrees."""
+    rng = np.random.default_rng(4)
+    starts = np.sort(rng.uniform(0, 100, 40))
+    arrival = np.concatenate([rng.uniform(0, 110, 500), starts])   # the firsts themselves too
+    wait = rng.exponential(0.5, len(arrival))
+    c = 300.0
+    got = LT.cold_start_waits_ms(c, arrival, wait, starts)
+    want = np.zeros(len(arrival))
+    for i, (a, t) in enumerate(zip(arrival, wait)):
+        before = starts[starts <= a]
+        if len(before):
+            want[i] += 1000.0 * max(before[-1] + c / 1000.0 - a, 0.0)
+        want[i] += c * np.count_nonzero((starts > a) & (starts <= a + t))
+    assert got == pytest.approx(want)
+    assert got[-len(starts):].min() >= c - 1e-6    # an adapter's first request waits its load
+    assert LT.cold_start_waits_ms(0.0, arrival, wait, starts).sum() == 0.0
+    # without waits only requests arriving inside a block wait, and never longer than it
+    bare = LT.cold_start_waits_ms(c, arrival, np.zeros(len(arrival)), starts)
+    assert (bare <= c + 1e-9).all() and (bare <= got + 1e-9).all()
+
+
+def test_cold_starts_hold_back_requests_of_other_adapters():
+    """With the kernel's first-token times a cold start delays the requests waiting during it
+    (not only the adapter's first one): the client's mean TTFT rises above charging the first
+    requests alone, by no more than one block per request in flight."""
+    prof, ads, reqs, sc, run, dur = _run(n_adapters=24, amax=24, rate=1.0)
+    tail = _tail()
+    with_blocks = LT.client_view(tail, reqs.arrival_s, reqs.adapter, run.stats, dur, run.first_t)
+    arrivals_only = LT.client_view(tail, reqs.arrival_s, reqs.adapter, run.stats, dur)
+    running, n, first = LT.run_features(reqs.arrival_s, reqs.adapter, run.stats, dur)
+    firsts_only = LT.ttft_offsets_ms(tail, running, n, first)
+    assert with_blocks.offsets_ms.sum() >= arrivals_only.offsets_ms.sum() \
+        >= firsts_only.sum() - 1e-6
+    assert with_blocks.offsets_ms.sum() > firsts_only.sum()
+    assert (with_blocks.offsets_ms[first] >= firsts_only[first] - 1e-9).all()
+
+
+def test_stalls_grow_with_the_arrivals_per_engine_step():
+    """``stall_step_exp`` > 0: the stall rate is stall_per_request x rate at A_REF arrivals
+    per engine step and grows as (A / A_REF) ** exp; at 0 (constants fitted before the term)
+    it is stall_per_request x rate whatever the step; the p99 gap follows."""
+    tail = _tail(stall_per_request=2e-4, stall_ms=600.0, stall_step_exp=3.0)
+    rate = 300.0
+    at_ref = LT.A_REF / rate * 1000.0                       # ms: A_REF arrivals per gap
+    assert tail.stall_rate(rate, at_ref) == pytest.approx(2e-4 * rate)
+    assert tail.stall_rate(rate, 2 * at_ref) == pytest.approx(8 * 2e-4 * rate)
+    assert tail.stall_rate(rate, at_ref / 2) == pytest.approx(2e-4 * rate / 8)
+    flat = _tail(stall_per_request=2e-4, stall_ms=600.0)
+    assert flat.stall_rate(rate, 5.0) == flat.stall_rate(rate, 500.0) == pytest.approx(0.06)
+    assert tail.stall_rate(0.0, at_ref) == 0.0
+    old = {k: v for k, v in tail.to_dict().items() if k != "stall_step_exp"}
+    assert LT.LatencyTail.from_dict(old).stall_step_exp == 0.0
+    with pytest.raises(ValueError, match="stall_step_exp"):
+        _tail(stall_step_exp=-1.0)
+    hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+    hist[K.itl_bin(150.0)] = 1000                      # 45 arrivals per 150 ms step at 300/s
+    assert LT.hist_mean_ms(hist) == pytest.approx(150.0, rel=0.01)
+    view = LT.ClientView(tail, np.zeros(1), 0.0, rate)
+    flat_view = LT.ClientView(flat, np.zeros(1), 0.0, rate)
+    assert view.itl_quantiles_ms(hist, (0.99,))[0] > flat_view.itl_quantiles_ms(hist, (0.99,))[0]
