@@ -478,11 +478,18 @@ def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = No
 def _one_gpu_accepted(inst: Instance, duration_s: float, workers: int | None) -> bool:
     """Some (type, max_lora_rank, Amax) serves every adapter of ``inst`` on one GPU unstarved
     in its verification draw (``one_gpu_excluded``)."""
+    return _gpu_accepted(inst, inst.adapters, inst.seed, duration_s, workers)
+
+
+def _gpu_accepted(inst: Instance, adapters: Sequence[Adapter], seed: int, duration_s: float,
+                  workers: int | None) -> bool:
+    """Some (type, max_lora_rank, Amax) serves ``adapters`` on one GPU unstarved in the draw of
+    ``seed`` (every supported rank >= theirs, every Amax 1..min(adapters + 1, startable))."""
     from .amax_search import amax_upper, twin_scores
     from .integer_search import search_max
     from .placement import plan_gpu
-    pairs = [(a, 1.0) for a in inst.adapters]
-    need_rank = max(a.rank for a in inst.adapters)
+    pairs = [(a, 1.0) for a in adapters]
+    need_rank = max(a.rank for a in adapters)
     for t in inst.gpu_types:
         prof = t.load_profile()
         for rank in sorted(x for x in prof.supported_ranks if x >= need_rank):
@@ -493,7 +500,7 @@ def _one_gpu_accepted(inst: Instance, duration_s: float, workers: int | None) ->
 
             def score(xs: list[int], plan=plan) -> list[float]:
                 # only "does some Amax reach 1?" is asked: a replay stops once it cannot
-                return [v for v, _ in twin_scores(inst, plan, xs, inst.seed, duration_s,
+                return [v for v, _ in twin_scores(inst, plan, xs, seed, duration_s,
                                                   workers, stop_below=1.0)]
 
             _, best, seen = search_max(score, top)
@@ -501,6 +508,88 @@ def _one_gpu_accepted(inst: Instance, duration_s: float, workers: int | None) ->
                 return True
             rest = [a for a in range(1, top + 1) if a not in seen]
             if rest and max(score(rest)) >= 1.0:
+                return True
+    return False
+
+
+SPLIT_MAX_ADAPTERS = 16    # two_gpu_splits_excluded: most adapters enumerated (2^(n-1) splits)
+SPLIT_MAX = 256            # ... most splits inside the load window replayed
+
+
+def two_gpu_splits(inst: Instance, cap_tps: float) -> list[tuple[int, ...]] | None:
+    """Every split of ``inst``'s adapters over two non-empty GPUs (the first GPU's adapter
+    indices; the last adapter always on the second, so each unordered split once) in which
+    neither GPU offers more than ``cap_tps``; None when there are more than ``SPLIT_MAX`` or
+    the instance has more than ``SPLIT_MAX_ADAPTERS`` adapters."""
+    n = len(inst.adapters)
+    if n < 2 or n > SPLIT_MAX_ADAPTERS:
+        return None
+    loads = np.array([inst.load_tps(a) for a in inst.adapters[:-1]])
+    masks = np.arange(1, 1 << (n - 1), dtype=np.int64)
+    bits = (masks[:, None] >> np.arange(n - 1)) & 1
+    first = bits @ loads
+    total = inst.total_load_tps
+    ok = (first <= cap_tps) & (total - first <= cap_tps)
+    if int(ok.sum()) > SPLIT_MAX:
+        return None
+    return [tuple(int(i) for i in np.flatnonzero(b)) for b in bits[ok]]
+
+
+def two_gpu_splits_excluded(inst: Instance, duration_s: float,
+                            workers: int | None = None) -> bool | None:
+    """True when no twin-accepted placement of ``inst`` uses exactly two GPUs, shown by
+    replaying every split; None when the splits are too many to replay (``two_gpu_splits``).
+
+    Exact in the twin but for the load window: a GPU offering more than the one-adapter carry
+    limit (the bound's cap, margin included) is not accepted, the premise of the bound itself.
+    Verification gives the two GPUs the seeds ``inst.seed`` and ``inst.seed + 1`` and takes
+    each GPU's adapters in id order, so a split is accepted only if, for one of the two ways to
+    order its GPUs, each GPU is accepted at some type, ``max_lora_rank`` and Amax with its seed
+    (``_gpu_accepted``: every Amax). GPUs with the same adapters in the same order are replayed
+    once. Cached on disk."""
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
+    from .capacity import _disk_get, _disk_put
+    key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
+                   what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/{SPLIT_MAX}")
+    hit = _disk_get(key)
+    if hit is not None:
+        return None if hit["excluded"] is None else bool(hit["excluded"])
+    cap = 0.0
+    for t in inst.gpu_types:
+        r = _type_rank(inst, t)
+        if r is not None:
+            cap = max(cap, carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s,
+                                       _bound_seeds(inst), inst.starvation_threshold, workers,
+                                       inst.slo).limit_tps)
+    splits = two_gpu_splits(inst, cap)
+    out = None if splits is None else not _some_split_accepted(inst, splits, duration_s, workers)
+    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
+                    "splits": None if splits is None else len(splits),
+                    "duration_s": float(duration_s)})
+    return out
+
+
+def _some_split_accepted(inst: Instance, splits: Sequence[tuple[int, ...]], duration_s: float,
+                         workers: int | None) -> bool:
+    ads = inst.adapters
+    memo: dict[tuple, bool] = {}
+
+    def accepted(idx: Sequence[int], seed: int) -> bool:
+        group = sorted((ads[i] for i in idx), key=lambda a: a.id)
+        k = (tuple((a.rank, a.rate) for a in group), seed)
+        if k not in memo:
+            memo[k] = _gpu_accepted(inst, group, seed, duration_s, workers)
+        return memo[k]
+
+    s0, s1 = inst.seed, inst.seed + 1
+    for first in splits:
+        chosen = set(first)
+        second = [i for i in range(len(ads)) if i not in chosen]
+        # the heavier GPU first: it is the likelier to fail
+        a, b = sorted((list(first), second), key=lambda g: -sum(inst.load_tps(ads[i])
+                                                                 for i in g))
+        for x, y in ((a, b), (b, a)):            # x takes seed s0, y seed s1
+            if accepted(x, s0) and accepted(y, s1):
                 return True
     return False
 
@@ -698,7 +787,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     ``target - 1`` = ``lb`` GPUs, else ``lb``: the checks a certificate needs when a placement
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
     spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs:
-    ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound)."""
+    ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound);
+    two GPUs: also every split replayed (``two_gpu_splits_excluded``, few adapters only)."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
@@ -707,6 +797,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if fullest_gpu_excluded(inst, lb, duration_s, workers):
         return target
     if busiest_gpu_excluded(inst, lb, duration_s, workers):
+        return target
+    if lb == 2 and two_gpu_splits_excluded(inst, duration_s, workers):
         return target
     return lb
 
