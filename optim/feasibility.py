@@ -547,6 +547,8 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
     order its GPUs, each GPU is accepted at some type, ``max_lora_rank`` and Amax with its seed
     (``_gpu_accepted``: every Amax). GPUs with the same adapters in the same order are replayed
     once. Cached on disk."""
+    if not 2 <= len(inst.adapters) <= SPLIT_MAX_ADAPTERS:
+        return None                # too many to enumerate (one adapter: no split)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
     key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,

@@ -114,3 +114,12 @@ def test_the_exclusion_agrees_with_verifying_every_split_on_a_tiny_instance(tmp_
             any_ok |= any(passes(x, 0) and passes(y, 1) for x, y in (g, g[::-1]))
         assert excluded == (not any_ok), rates
     assert outcomes == {True, False}
+
+
+def test_many_adapters_are_skipped_before_any_replay(monkeypatch):
+    """Beyond SPLIT_MAX_ADAPTERS the check says None at once: no limit measured, no replay."""
+    def boom(*a, **k):
+        raise AssertionError("nothing may be measured")
+    monkeypatch.setattr(F, "carry_limit", boom)
+    monkeypatch.setattr(F, "_gpu_accepted", boom)
+    assert F.two_gpu_splits_excluded(_inst([0.5] * (F.SPLIT_MAX_ADAPTERS + 1)), 60.0) is None
