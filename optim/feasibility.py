@@ -512,6 +512,21 @@ def _gpu_accepted(inst: Instance, adapters: Sequence[Adapter], seed: int, durati
     return False
 
 
+def one_adapter_caps(inst: Instance, duration_s: float, workers: int | None = None
+                     ) -> dict[str, float]:
+    """Per GPU type that starts a LoRA configuration for ``inst``, the one-adapter carry limit
+    (``capacity.carry_limit`` at the type's smallest rank, the bound's seeds, threshold and
+    ``inst.slo``): no GPU of that type carrying more is accepted (the bound's premise)."""
+    out = {}
+    for t in inst.gpu_types:
+        r = _type_rank(inst, t)
+        if r is not None:
+            out[t.name] = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s,
+                                      _bound_seeds(inst), inst.starvation_threshold, workers,
+                                      inst.slo).limit_tps
+    return out
+
+
 SPLIT_MAX_ADAPTERS = 16    # two_gpu_splits_excluded: most adapters enumerated (2^(n-1) splits)
 SPLIT_MAX = 256            # ... most splits inside the load window replayed
 
@@ -556,14 +571,8 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
     hit = _disk_get(key)
     if hit is not None:
         return None if hit["excluded"] is None else bool(hit["excluded"])
-    cap = 0.0
-    for t in inst.gpu_types:
-        r = _type_rank(inst, t)
-        if r is not None:
-            cap = max(cap, carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s,
-                                       _bound_seeds(inst), inst.starvation_threshold, workers,
-                                       inst.slo).limit_tps)
-    splits = two_gpu_splits(inst, cap)
+    splits = two_gpu_splits(inst, max(one_adapter_caps(inst, duration_s, workers).values(),
+                                      default=0.0))
     out = None if splits is None else not _some_split_accepted(inst, splits, duration_s, workers)
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
                     "splits": None if splits is None else len(splits),

@@ -135,16 +135,8 @@ def slo_caps(inst: Instance, duration_s: float, workers: int | None = None) -> d
     inst = inst.bound_view()
     if inst.slo is None:
         return {}
-    from .capacity import carry_limit
-    from .feasibility import _bound_seeds, _type_rank
-    out = {}
-    for t in inst.gpu_types:
-        r = _type_rank(inst, t)
-        if r is not None:
-            out[t.name] = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s,
-                                      _bound_seeds(inst), inst.starvation_threshold, workers,
-                                      inst.slo).limit_tps
-    return out
+    from .feasibility import one_adapter_caps
+    return one_adapter_caps(inst, duration_s, workers)
 
 
 SURROGATES = ("fast", "capacity")
