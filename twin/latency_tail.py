@@ -236,17 +236,13 @@ def cold_start_waits_ms(cold_start_ms: float, arrival: np.ndarray, wait_s: np.nd
 
 
 def ttft_offsets_ms(tail: LatencyTail, running: float, adapters: float, first: np.ndarray,
-                    arrival: np.ndarray | None = None,
-                    wait_s: np.ndarray | None = None) -> np.ndarray:
+                    arrival: np.ndarray, wait_s: np.ndarray | None = None) -> np.ndarray:
     """Client-side TTFT added to each request (ms): the per-request latency, plus its wait on
-    the cold-start blocks that begin at each adapter's first arrival (``first``; with
-    ``arrival`` and each request's engine wait for its first token ``wait_s``: zero when not
-    given, so only requests arriving inside a block wait); without ``arrival`` the cold start
-    is charged to the first requests alone."""
+    the cold-start blocks that begin at each adapter's first arrival (``first``, the mask over
+    ``arrival``), given each request's engine wait for its first token ``wait_s`` (zero when
+    not given, so only requests arriving inside a block wait)."""
     base = tail.ttft_base_ms + tail.ttft_per_running_ms * running \
         + tail.ttft_per_adapter_ms * adapters
-    if arrival is None:
-        return base + tail.cold_start_ms * first.astype(np.float64)
     wait = np.zeros(len(arrival)) if wait_s is None else wait_s
     return base + cold_start_waits_ms(tail.cold_start_ms, arrival, wait,
                                       np.sort(np.asarray(arrival, np.float64)[first]))
@@ -370,7 +366,8 @@ class ReplaySample:
     run_id: str
     starved: bool                   # the real run's 90 % verdict (starved_90)
     ttft_ms: np.ndarray             # the twin's engine TTFT of each completed request
-    first: np.ndarray               # ... whether it is its adapter's first arrival
+    arrival_s: np.ndarray           # ... and its arrival (s)
+    block_starts: np.ndarray        # sorted first arrivals of the adapters (s): cold starts
     running: float                  # the twin's mean running requests
     adapters: float                 # adapters with arrivals
     itl_hist: np.ndarray            # the twin's engine ITL histogram
@@ -378,8 +375,6 @@ class ReplaySample:
     active: float = 0.0             # the twin's mean distinct adapters per batch
     waiting: float = 0.0            # the twin's longest waiting queue
     arrival_rate: float = 0.0       # requests arriving per second in the window
-    arrival_s: np.ndarray | None = None     # arrival of each completed request (s)
-    block_starts: np.ndarray | None = None  # sorted first arrivals of the adapters (s)
 
 
 def _replay_one(args: tuple) -> ReplaySample | None:
@@ -399,11 +394,11 @@ def _replay_one(args: tuple) -> ReplaySample | None:
     running, n_adapters, first = run_features(reqs.arrival_s, reqs.adapter, run.stats, dur)
     done = (run.finish_t >= 0) & (run.finish_t <= dur)
     return ReplaySample(str(cfg.get("run_id", "")), bool(real.pop("starved")),
-                        (run.first_t[done] - reqs.arrival_s[done]) * 1000.0, first[done],
+                        (run.first_t[done] - reqs.arrival_s[done]) * 1000.0,
+                        reqs.arrival_s[done].copy(), np.sort(reqs.arrival_s[first]),
                         running, n_adapters, run.itl_hist.copy(), real,
                         batch_adapters(run.stats), float(run.stats[K.ST_MAX_WAITING]),
-                        arrival_rate(reqs.arrival_s, dur), reqs.arrival_s[done].copy(),
-                        np.sort(reqs.arrival_s[first]))
+                        arrival_rate(reqs.arrival_s, dur))
 
 
 def replay_maxsearch(data_dir: str | Path, profile_name: str = FIT_PROFILE,
@@ -447,11 +442,8 @@ def _smape(y: np.ndarray, p: np.ndarray) -> float:
 
 
 def _ttft_stats(s: ReplaySample, base: float, cold: float) -> tuple[float, float, float]:
-    t = s.ttft_ms + base
-    if cold and s.arrival_s is not None:
-        t = t + cold_start_waits_ms(cold, s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
-    elif cold:
-        t = t + cold * s.first
+    t = s.ttft_ms + base + cold_start_waits_ms(cold, s.arrival_s, s.ttft_ms / 1000.0,
+                                               s.block_starts)
     return float(t.mean()), *(float(v) for v in np.percentile(t, [50, 99]))
 
 
