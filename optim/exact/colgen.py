@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
+from .bpp_proof import branch_and_price
 from .common import highs_threads
 
 SCALE = 1 << 30             # duals in integer units for the exact Farley bound
@@ -461,25 +462,19 @@ def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
     lb, _, lp = s.relax(s.demand)
     tgt = max(lb, known_bound)
     bins = None
+    nodes = 0
     while bins is None and (incumbent is None or incumbent > tgt) and not s.timed_out():
-        s.root_excluded = False
-        for d in range(max_discrepancy + 1):
-            pats = s.dive(tgt, d, DISC_DEPTH)
-            if pats is not None:
-                bins = s.to_bins(pats)
-            if pats is not None or s.root_excluded or s.timed_out():
-                break
-        if not s.root_excluded:             # the dives say nothing: the completion search
-            decided, pats = s.complete(tgt)
-            if pats is not None:
-                bins = s.to_bins(pats)
-            if not decided or pats is not None:
-                break
+        r = branch_and_price(s.tw, s.demand, s.cap, tgt, deadline, s.master.patterns)
+        nodes += r.nodes
+        if r.patterns is not None:
+            bins = s.to_bins(r.patterns)
+        if not r.decided or r.patterns is not None:
+            break
         lb = tgt = tgt + 1                  # no packing into tgt bins
     if bins is not None:
         assert all(sum(weights[i] for i in b) <= capacity for b in bins)
         assert sorted(i for b in bins for i in b) == list(range(len(weights)))
-    return DiveResult(max(lb, known_bound), lp, bins, s.nodes, len(s.master.patterns),
+    return DiveResult(max(lb, known_bound), lp, bins, s.nodes + nodes, len(s.master.patterns),
                       time.perf_counter() - t0)
 
 
