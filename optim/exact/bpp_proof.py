@@ -314,8 +314,8 @@ class _BranchAndPrice:
     def search(self) -> list[np.ndarray] | None:
         """Depth-first branch-and-price from the current node (module docstring), the ``>=``
         branch first: a packing into the target, or None (then ``cut_short`` says whether the
-        search was cut short: deadline, or integral flows that give no packing). An explicit stack: a branch decision is undone once its subtree
-        is done."""
+        search was cut short: the deadline, or integral flows that give no packing). An explicit
+        stack: a branch decision is undone once its subtree is done."""
         M = self.master
         stack: list[tuple] = [("node",)]
         while stack:
