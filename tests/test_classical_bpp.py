@@ -135,3 +135,12 @@ def test_a_hard28_instance_is_proven_by_column_generation(tmp_path):
     d = _solve(tmp_path, bpplib_instance("Hard28/Hard28_BPP360"), "cpsat", 40)
     assert d["rc"] == 0 and d["status"] == "optimal", d["status"]
     assert d["gpus_used"] == 62 and d["best_bound"] == 62
+
+
+def test_a_hard28_instance_above_its_lp_bound_is_proven_optimal(tmp_path):
+    """Hard28's BPP716 (180 items, capacity 1000): ceil(LP) = 75 bins, optimum 76; branch-and-
+    price proves 75 infeasible (about a second after the root here), so first-fit's 76 bins
+    are optimal (about 7 s with the first tabu search, of a 60 s limit)."""
+    d = _solve(tmp_path, bpplib_instance("Hard28/Hard28_BPP716"), "cpsat", 60)
+    assert d["rc"] == 0 and d["status"] == "optimal", d["status"]
+    assert d["gpus_used"] == 76 and d["best_bound"] == 76

@@ -243,6 +243,8 @@ class _Master:
 
 
 class _BranchAndPrice:
+    """The search state: the master, the branch duals' scratch array, node count."""
+
     def __init__(self, tw, demand, cap: int, target: int, deadline: float,
                  patterns: Sequence[np.ndarray] = ()):
         self.tw = np.asarray(tw, np.int64)

@@ -1,4 +1,4 @@
-"""Column generation and diving for one-capacity bin packing (the cutting-stock view).
+"""Column generation and the search for one-capacity bin packing (the cutting-stock view).
 
 Items of equal weight form a *type* ``j`` (weight ``w_j``, demand ``d_j``); a *pattern* ``a`` is
 a bin's content, ``a_j`` copies of type ``j`` with ``sum_j w_j a_j <= C``. The Gilmore–Gomory
@@ -22,25 +22,19 @@ once it meets the rounded-up LP value.
 (``bpp_proof.branch_and_price``, seeded with the root's patterns) decides the target: a packing
 into it, or a completed search that proves it infeasible, after which the bound rises by one and
 the next target is decided. On BPPLIB's Hard28 it decides every instance within seconds (the
-five whose optimum is ceil(LP) + 1 included), where the two searches below did not within 60 s.
+five whose optimum is ceil(LP) + 1 included), where the limited-discrepancy pattern dive it
+replaces (Sadykov et al. 2019) and the completion search below did not within 60 s.
 
-**Diving** (``_Search.dive``; Sadykov, Vanderbeck, Pessoa, Tahiri & Uchoa 2019): fix a pattern
-whose LP value is closest to a positive integer, take its items out, re-solve the residual
-relaxation and repeat; a node whose fixed bins plus the residual bound exceed the target is
-abandoned. Limited discrepancy search revisits the first choices: a node may try the next ``D``
-candidates, each one a discrepancy, forbidding the ones tried before it in its subtree.
-First-fit decreasing on the residual items closes a node early. A dive is exact for what it
-returns (every bin is checked); ``None`` says nothing about the target.
-
-**Completion search** (``_Search.complete``; Korf's bin completion with the relaxation as
-bound): a node takes the heaviest item left and branches over every *maximal* bin holding it
-(no item left fits beside it) whose waste is at most the node's slack ``left x C - load left``.
-Some packing into ``left`` bins has such a first bin when any has (moving items into a bin
-never adds one, and with exactly ``left`` bins the wastes add up to the slack), so a search that
-ends without a packing proves the target infeasible; a node whose relaxation restricted to
-patterns within its slack needs more bins than it has left is abandoned, and children go in
-order of their LP value. Its branching is wide (Hard28's BPP119: 7,493 maximal bins for the
-first item), which is why ``colgen_dive`` branches on arc flows instead.
+**Completion search** (``_Search.complete``, kept but no longer run by ``colgen_dive``; Korf's
+bin completion with the relaxation as bound): a node takes the heaviest item left and branches
+over every *maximal* bin holding it (no item left fits beside it) whose waste is at most the
+node's slack ``left x C - load left``. Some packing into ``left`` bins has such a first bin when
+any has (moving items into a bin never adds one, and with exactly ``left`` bins the wastes add
+up to the slack), so a search that ends without a packing proves the target infeasible; a node
+whose relaxation restricted to patterns within its slack needs more bins than it has left is
+abandoned, and children go in order of their LP value. Its branching is wide (Hard28's BPP119:
+7,493 maximal bins for the first item), which is why ``colgen_dive`` branches on arc flows
+instead.
 """
 
 from __future__ import annotations
@@ -262,7 +256,7 @@ class _Master:
 
 
 class _Search:
-    """Column generation at dive nodes and the limited-discrepancy dive (module docstring)."""
+    """Column generation at the root and at completion-search nodes (module docstring)."""
 
     def __init__(self, weights: Sequence[int], capacity: int, deadline: float):
         w = np.asarray(weights, np.int64)
@@ -274,7 +268,6 @@ class _Search:
         self.deadline = deadline
         self.master = _Master(self.demand, self.tw)
         self.nodes = 0
-        self.root_excluded = False
         for b in _ffd_types(self.tw, self.demand, self.cap):
             self.master.add(b)
 
@@ -314,52 +307,6 @@ class _Search:
 
     def slack(self, demand: np.ndarray, bins: int) -> int:
         return bins * self.cap - int(self.tw @ demand)
-
-    def dive(self, target: int, max_disc: int, disc_depth: int) -> list[np.ndarray] | None:
-        """Patterns of at most ``target`` bins covering every item, or None; discrepancies
-        only in the first ``disc_depth`` choices of a dive. Sets ``root_excluded`` when the
-        root's relaxation shows that no packing into ``target`` bins exists."""
-        self.disc_depth = disc_depth
-        return self._node(self.demand.copy(), [], target, max_disc, set(), 0)
-
-    def _node(self, demand, fixed, target, disc, tabu, depth) -> list[np.ndarray] | None:
-        if self.timed_out():
-            return None
-        if demand.sum() == 0:
-            return fixed
-        ffd = _ffd_types(self.tw, demand, self.cap)
-        if len(fixed) + len(ffd) <= target:
-            return fixed + ffd
-        slack = self.slack(demand, target - len(fixed))
-        if slack < 0:
-            return None
-        self.nodes += 1
-        lb, x, _ = self.relax(demand, slack, stop_at=target - len(fixed) + 1)
-        if len(fixed) + lb > target:
-            self.root_excluded |= depth == 0
-            return None
-        cands = []
-        for p, v in enumerate(x):
-            if v > EPS and p not in tabu:
-                a = np.minimum(self.master.patterns[p], demand)
-                if a.any() and self.cap - int(a @ self.tw) <= slack:
-                    k = max(1, int(round(v)))
-                    cands.append((abs(v - k), -v, p, a, k))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        tried: set[int] = set()
-        width = disc + 1 if depth < self.disc_depth else 1
-        for i, (_, _, p, a, k) in enumerate(cands[:width]):
-            k = min(k, int(min(demand[a > 0] // a[a > 0])), target - len(fixed))
-            if k < 1:
-                continue
-            res = self._node(demand - k * a, fixed + [a] * k, target, disc - i, tabu | tried,
-                             depth + 1)
-            if res is not None:
-                return res
-            if self.timed_out():
-                return None
-            tried.add(p)
-        return None
 
     def complete(self, target: int) -> tuple[bool, list[np.ndarray] | None]:
         """The completion search (module docstring): (decided, patterns). Decided with patterns:
