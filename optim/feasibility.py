@@ -527,55 +527,79 @@ def one_adapter_caps(inst: Instance, duration_s: float, workers: int | None = No
     return out
 
 
-SPLIT_MAX_ADAPTERS = 16    # two_gpu_splits_excluded: most adapters enumerated (2^(n-1) splits)
-SPLIT_MAX = 256            # ... most splits inside the load window replayed
+SPLIT_MAX_ADAPTERS = 20    # two_gpu_splits_excluded: most adapters enumerated (2^(n-1) splits)
+SPLIT_MAX_CHECKS = 1024    # ... most distinct (GPU sequence, seed) replays (4 per split x 256)
 
 
 def two_gpu_splits(inst: Instance, cap_tps: float) -> list[tuple[int, ...]] | None:
     """Every split of ``inst``'s adapters over two non-empty GPUs (the first GPU's adapter
     indices; the last adapter always on the second, so each unordered split once) in which
-    neither GPU offers more than ``cap_tps``; None when there are more than ``SPLIT_MAX`` or
-    the instance has more than ``SPLIT_MAX_ADAPTERS`` adapters."""
+    neither GPU offers more than ``cap_tps``; None when the instance has more than
+    ``SPLIT_MAX_ADAPTERS`` adapters."""
     n = len(inst.adapters)
     if n < 2 or n > SPLIT_MAX_ADAPTERS:
         return None
     loads = np.array([inst.load_tps(a) for a in inst.adapters[:-1]])
     masks = np.arange(1, 1 << (n - 1), dtype=np.int64)
-    bits = (masks[:, None] >> np.arange(n - 1)) & 1
+    bits = ((masks[:, None] >> np.arange(n - 1)) & 1).astype(np.uint8)
     first = bits @ loads
     total = inst.total_load_tps
     ok = (first <= cap_tps) & (total - first <= cap_tps)
-    if int(ok.sum()) > SPLIT_MAX:
-        return None
     return [tuple(int(i) for i in np.flatnonzero(b)) for b in bits[ok]]
+
+
+def split_gpus(inst: Instance, first: Sequence[int]) -> tuple[tuple, tuple]:
+    """The two GPUs of a split as the twin draws them: each GPU's (rank, rate) in id order
+    (adapter ``i`` of a GPU draws from child ``i`` of the GPU's seed), so two splits with equal
+    keys are replayed alike whatever their adapters' ids."""
+    chosen = set(first)
+    key: tuple[list, list] = ([], [])
+    for i in sorted(range(len(inst.adapters)), key=lambda i: inst.adapters[i].id):
+        a = inst.adapters[i]
+        key[0 if i in chosen else 1].append((a.rank, a.rate))
+    return tuple(key[0]), tuple(key[1])
+
+
+def split_checks(inst: Instance, splits: Sequence[Sequence[int]]) -> int:
+    """Distinct GPU checks (GPU key, seed) that replaying ``splits`` both ways round needs."""
+    s0, s1 = inst.seed, inst.seed + 1
+    seen = set()
+    for first in splits:
+        x, y = split_gpus(inst, first)
+        seen.update(((x, s0), (y, s1), (y, s0), (x, s1)))
+    return len(seen)
 
 
 def two_gpu_splits_excluded(inst: Instance, duration_s: float,
                             workers: int | None = None) -> bool | None:
     """True when no twin-accepted placement of ``inst`` uses exactly two GPUs, shown by
-    replaying every split; None when the splits are too many to replay (``two_gpu_splits``).
+    replaying every split; None when there are too many to replay (more than
+    ``SPLIT_MAX_ADAPTERS`` adapters, or more than ``SPLIT_MAX_CHECKS`` distinct GPU checks).
 
     Exact in the twin but for the load window: a GPU offering more than the one-adapter carry
     limit (the bound's cap, margin included) is not accepted, the premise of the bound itself.
     Verification gives the two GPUs the seeds ``inst.seed`` and ``inst.seed + 1`` and takes
     each GPU's adapters in id order, so a split is accepted only if, for one of the two ways to
     order its GPUs, each GPU is accepted at some type, ``max_lora_rank`` and Amax with its seed
-    (``_gpu_accepted``: every Amax). GPUs with the same adapters in the same order are replayed
-    once. Cached on disk."""
+    (``_gpu_accepted``: every Amax). GPUs with the same (rank, rate) sequence in id order draw
+    the same workload and are replayed once (``split_gpus``): thousands of splits of a few
+    adapter kinds need a few dozen checks. Cached on disk."""
     if not 2 <= len(inst.adapters) <= SPLIT_MAX_ADAPTERS:
         return None                # too many to enumerate (one adapter: no split)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
     key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
-                   what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/{SPLIT_MAX}")
+                   what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/c{SPLIT_MAX_CHECKS}")
     hit = _disk_get(key)
     if hit is not None:
         return None if hit["excluded"] is None else bool(hit["excluded"])
     splits = two_gpu_splits(inst, max(one_adapter_caps(inst, duration_s, workers).values(),
                                       default=0.0))
-    out = None if splits is None else not _some_split_accepted(inst, splits, duration_s, workers)
+    checks = None if splits is None else split_checks(inst, splits)
+    out = (None if checks is None or checks > SPLIT_MAX_CHECKS
+           else not _some_split_accepted(inst, splits, duration_s, workers))
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
-                    "splits": None if splits is None else len(splits),
+                    "splits": None if splits is None else len(splits), "checks": checks,
                     "duration_s": float(duration_s)})
     return out
 

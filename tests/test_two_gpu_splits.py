@@ -40,9 +40,44 @@ def test_splits_are_every_unordered_split_inside_the_window():
     seen = {frozenset([frozenset(f), frozenset(set(range(n)) - set(f))]) for f in got}
     assert seen == want and len(got) == len(want)          # each unordered split once
     assert all(n - 1 not in f for f in got)                 # the last adapter on the second GPU
-    # too many adapters or splits: None (the check is skipped, the bound stays)
+    # too many adapters: None (the check is skipped, the bound stays)
     assert F.two_gpu_splits(_inst([1.0] * (F.SPLIT_MAX_ADAPTERS + 1)), 1e9) is None
-    assert F.two_gpu_splits(_inst([1.0] * 12), 1e9) is None      # 2047 splits > SPLIT_MAX
+
+
+def test_splits_of_one_adapter_kind_need_one_check_per_gpu_size_and_seed(monkeypatch):
+    """12 equal adapters: 2047 splits, but a GPU's draw depends only on its (rank, rate)
+    sequence in id order, so the replays are one per GPU size (1..11) and seed: 22 checks,
+    each asked once; a mix of two kinds gives more keys than one kind, fewer than splits."""
+    inst = _inst([1.0] * 12, seed=3)
+    splits = F.two_gpu_splits(inst, 1e9)
+    assert len(splits) == 2047 and F.split_checks(inst, splits) == 22
+    asked = []
+
+    def first_seed_only(inst_, adapters, seed, duration_s, workers):
+        asked.append((tuple((a.rank, a.rate) for a in adapters), seed))
+        return seed == 3                    # no order gives both GPUs the first seed
+    monkeypatch.setattr(F, "_gpu_accepted", first_seed_only)
+    assert F._some_split_accepted(inst, splits, 60.0, 1) is False
+    assert len(asked) == len(set(asked)) == 22
+    mixed = _inst([1.0] * 6 + [2.0] * 6)
+    sp = F.two_gpu_splits(mixed, 1e9)
+    assert 22 < F.split_checks(mixed, sp) < 4 * len(sp)
+    # equal keys, other ids: the same GPUs
+    assert F.split_gpus(inst, (0, 1)) == F.split_gpus(inst, (5, 9))
+
+
+def test_too_many_distinct_checks_skip_the_replays(monkeypatch, tmp_path):
+    """Distinct rates on 14 adapters: every split is a GPU of its own, far beyond
+    SPLIT_MAX_CHECKS: None, nothing replayed."""
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = _inst([0.5 + 0.01 * i for i in range(14)])
+    monkeypatch.setattr(F, "one_adapter_caps", lambda *a, **k: {"h100": 1e12})
+
+    def boom(*a, **k):
+        raise AssertionError("nothing may be replayed")
+    monkeypatch.setattr(F, "_gpu_accepted", boom)
+    assert F.split_checks(inst, F.two_gpu_splits(inst, 1e12)) > F.SPLIT_MAX_CHECKS
+    assert F.two_gpu_splits_excluded(inst, 60.0) is None
 
 
 def test_a_split_counts_only_if_both_gpus_pass_with_the_seeds_of_one_order(monkeypatch):
