@@ -115,56 +115,9 @@ def test_bad_weights_are_refused():
         colgen_dive([5, 20], 10, time.perf_counter() + 1)
 
 
-def test_completions_are_every_maximal_bin_of_the_heaviest_item_above_the_floor():
-    """``completions`` against enumeration of every count vector: it holds the heaviest item
-    left, fits, leaves no item out that would fit beside it, and wastes at most the slack."""
-    from optim.exact.colgen import completions
-    rng = np.random.default_rng(3)
-    for _ in range(60):
-        m = int(rng.integers(1, 5))
-        tw = np.sort(rng.choice(np.arange(5, 60), m, replace=False))[::-1].astype(np.int64)
-        demand = rng.integers(0, 4, m).astype(np.int64)
-        if not demand.any():
-            demand[0] = 1
-        cap, slack = int(rng.integers(60, 120)), int(rng.integers(0, 40))
-        j0 = int(np.flatnonzero(demand)[0])
-        want = set()
-        for a in itertools.product(*(range(int(d) + 1) for d in demand)):
-            a = np.array(a)
-            load = int(a @ tw)
-            left = demand - a
-            if a[j0] < 1 or load > cap or load < cap - slack:
-                continue
-            if any(left[j] > 0 and tw[j] <= cap - load for j in range(m)):
-                continue                            # not maximal
-            want.add(tuple(a))
-        got = {tuple(a) for a in completions(tw, demand, cap, slack)}
-        assert got == want, (tw, demand, cap, slack)
-
-
-@pytest.mark.parametrize("seed", range(25))
-def test_completion_search_agrees_with_brute_force(seed):
-    """On tiny instances the completion search packs into the optimum and proves one bin
-    fewer infeasible (a decided search is never wrong)."""
-    from optim.exact.colgen import _Search
-    rng = np.random.default_rng(seed)
-    n, cap = int(rng.integers(4, 9)), int(rng.integers(20, 60))
-    w = [int(x) for x in rng.integers(max(1, cap // 6), cap + 1, n)]
-    opt = _brute_optimum(w, cap)
-    s = _Search(w, cap, time.perf_counter() + 30)
-    decided, pats = s.complete(opt)
-    assert decided and pats is not None and len(pats) <= opt
-    assert (np.sum(pats, axis=0) == s.demand).all()          # every item, once
-    assert all(int(a @ s.tw) <= cap for a in pats)
-    if opt > 1:
-        s = _Search(w, cap, time.perf_counter() + 30)
-        assert s.complete(opt - 1) == (True, None)
-
-
-def test_completion_search_proves_a_waescher_instance_above_its_lp_bound():
-    """Wäscher's TEST0065 (60 items, capacity 10000): ceil(LP) = 15 bins, optimum 16; the
-    dives cannot show 15 infeasible, the completion search does (a few seconds), and the bound
-    rises to 16."""
+def test_the_search_proves_a_waescher_instance_above_its_lp_bound():
+    """Wäscher's TEST0065 (60 items, capacity 10000): ceil(LP) = 15 bins, optimum 16;
+    branch-and-price shows 15 infeasible and the bound rises to 16."""
     from optim.exact.classical import read_bin_packing
     from tests.exact_helpers import BPP_DIR
     bp = read_bin_packing(BPP_DIR / "Waescher" / "Waescher_TEST0065.txt")[0]

@@ -23,18 +23,7 @@ once it meets the rounded-up LP value.
 into it, or a completed search that proves it infeasible, after which the bound rises by one and
 the next target is decided. On BPPLIB's Hard28 it decides every instance within seconds (the
 five whose optimum is ceil(LP) + 1 included), where the limited-discrepancy pattern dive it
-replaces (Sadykov et al. 2019) and the completion search below did not within 60 s.
-
-**Completion search** (``_Search.complete``, kept but no longer run by ``colgen_dive``; Korf's
-bin completion with the relaxation as bound): a node takes the heaviest item left and branches
-over every *maximal* bin holding it (no item left fits beside it) whose waste is at most the
-node's slack ``left x C - load left``. Some packing into ``left`` bins has such a first bin when
-any has (moving items into a bin never adds one, and with exactly ``left`` bins the wastes add
-up to the slack), so a search that ends without a packing proves the target infeasible; a node
-whose relaxation restricted to patterns within its slack needs more bins than it has left is
-abandoned, and children go in order of their LP value. Its branching is wide (Hard28's BPP119:
-7,493 maximal bins for the first item), which is why ``colgen_dive`` branches on arc flows
-instead.
+replaces (Sadykov et al. 2019) and a bin-completion search (Korf) did not within 60 s.
 """
 
 from __future__ import annotations
@@ -256,7 +245,7 @@ class _Master:
 
 
 class _Search:
-    """Column generation at the root and at completion-search nodes (module docstring)."""
+    """Column generation at the root (module docstring)."""
 
     def __init__(self, weights: Sequence[int], capacity: int, deadline: float):
         w = np.asarray(weights, np.int64)
@@ -308,73 +297,10 @@ class _Search:
     def slack(self, demand: np.ndarray, bins: int) -> int:
         return bins * self.cap - int(self.tw @ demand)
 
-    def complete(self, target: int) -> tuple[bool, list[np.ndarray] | None]:
-        """The completion search (module docstring): (decided, patterns). Decided with patterns:
-        a packing into ``target`` bins; decided without: none exists; undecided: out of time."""
-        return self._complete(self.demand.copy(), [], target)
-
-    def _complete(self, demand, fixed, target) -> tuple[bool, list[np.ndarray] | None]:
-        if self.timed_out():
-            return False, None
-        if demand.sum() == 0:
-            return True, fixed
-        left = target - len(fixed)
-        slack = self.slack(demand, left)
-        if slack < 0:
-            return True, None
-        ffd = _ffd_types(self.tw, demand, self.cap)
-        if len(ffd) <= left:
-            return True, fixed + ffd
-        self.nodes += 1
-        lb, x, _ = self.relax(demand, slack, stop_at=left + 1)
-        if lb > left:
-            return True, None
-        value = {self.master.patterns[p].tobytes(): v for p, v in enumerate(x) if v > EPS}
-        kids = completions(self.tw, demand, self.cap, slack)
-        kids.sort(key=lambda a: (-value.get(a.tobytes(), 0.0), -int(a @ self.tw)))
-        for a in kids:
-            decided, pats = self._complete(demand - a, fixed + [a], target)
-            if not decided or pats is not None:
-                return decided, pats
-        return True, None
-
     def to_bins(self, patterns: list[np.ndarray]) -> list[list[int]]:
         pools = [list(m) for m in self.members]
         return [[pools[j].pop() for j in np.flatnonzero(a) for _ in range(int(a[j]))]
                 for a in patterns]
-
-
-def completions(tw: np.ndarray, demand: np.ndarray, cap: int, slack: int) -> list[np.ndarray]:
-    """Every maximal bin (count vector ``a <= demand``; no item left beside it fits) holding one
-    item of the heaviest type left (``tw`` heaviest first) with a load of at least
-    ``cap - slack``."""
-    m = len(tw)
-    j0 = int(np.flatnonzero(demand)[0])
-    avail = demand.copy()
-    avail[j0] -= 1
-    rest = np.concatenate([np.cumsum((avail * tw)[::-1])[::-1], [0]])   # weight left from j on
-    out: list[np.ndarray] = []
-    a = np.zeros(m, np.int64)
-    a[j0] = 1
-    floor = cap - slack
-
-    def rec(j: int, room: int, skipped: int) -> None:
-        if cap - room + rest[j] < floor:            # cannot reach the load floor any more
-            return
-        if j == m:
-            if room < skipped:                      # maximal: nothing left out would fit
-                out.append(a.copy())
-            return
-        if avail[j] == 0 or tw[j] > room:
-            rec(j + 1, room, skipped)
-            return
-        for c in range(min(int(avail[j]), room // int(tw[j])), -1, -1):
-            a[j] += c
-            rec(j + 1, room - c * int(tw[j]), skipped if c == avail[j] else min(skipped, int(tw[j])))
-            a[j] -= c
-
-    rec(0, cap - int(tw[j0]), cap + 1)
-    return out
 
 
 def _ffd_types(tw: np.ndarray, demand: np.ndarray, cap: int) -> list[np.ndarray]:
