@@ -192,6 +192,8 @@ def test_bad_constants_are_refused():
         _tail(itl_delay_prob=1.5)
     with pytest.raises(ValueError, match="cold_start_ms"):
         _tail(cold_start_ms=-1.0)
+    with pytest.raises(ValueError, match="itl_delay_running_exp"):
+        _tail(itl_delay_running_exp=0.0)
     with pytest.raises(ValueError, match="missing"):
         LT.LatencyTail.from_dict({"ttft_base_ms": 1.0})
     assert LT.LatencyTail.from_dict(_tail().to_dict()) == _tail()
@@ -219,6 +221,21 @@ def test_a_longer_waiting_queue_delays_less():
     assert tail.delay_mean_ms(200, 256, waiting=LT.W_REF) == pytest.approx(full / 2)
     assert tail.delay_mean_ms(200, 256, waiting=5000) < tail.delay_mean_ms(200, 256, waiting=50)
     assert _tail().delay_mean_ms(200, 256, waiting=5000) == _tail().delay_mean_ms(200, 256)
+
+
+def test_the_running_exponent_sharpens_the_delay_around_its_half_point():
+    """``itl_delay_running_exp`` h: the busy share R^h / (R^h + R0^h) is R / (R + R0) at h = 1
+    (constants written before the term load with 1), one half at R0 whatever h, and with h > 1
+    smaller below R0 and larger above it."""
+    r0 = _tail().itl_delay_half_running
+    h1, h2 = _tail(), _tail(itl_delay_running_exp=2.0)
+    for r in (0.5 * r0, 2 * r0, 10 * r0):
+        assert h1.delay_mean_ms(r, 100) == pytest.approx(h1.itl_delay_ms * r / (r + r0))
+    assert h2.delay_mean_ms(r0, 100) == pytest.approx(h1.delay_mean_ms(r0, 100))
+    assert h2.delay_mean_ms(0.5 * r0, 100) < h1.delay_mean_ms(0.5 * r0, 100)
+    assert h2.delay_mean_ms(2 * r0, 100) > h1.delay_mean_ms(2 * r0, 100)
+    old = {k: v for k, v in h2.to_dict().items() if k != "itl_delay_running_exp"}
+    assert LT.LatencyTail.from_dict(old).itl_delay_running_exp == 1.0
 
 
 def test_batch_adapters_is_the_step_time_weighted_mean():
