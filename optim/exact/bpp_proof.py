@@ -50,6 +50,17 @@ NO_PACKING = 1 << 40        # the bound when the node holds no packing at all
 
 
 @njit(cache=True)
+def best_load_from(value, min_load, neg):     # pragma: no cover - compiled
+    """The load ``v >= min_load`` of the largest ``value[v] > neg`` (the first on ties), -1 if
+    none: the pricing DPs' read-out of their best bin."""
+    best = -1
+    for v in range(min_load, value.shape[0]):
+        if value[v] > neg and (best < 0 or value[v] > value[best]):
+            best = v
+    return best
+
+
+@njit(cache=True)
 def _price_arcs_nb(tw, bound, values, adj, forbid, cap, min_load):  # pragma: no cover - compiled
     m = tw.shape[0]
     NEG = -(1 << 62)
@@ -75,10 +86,7 @@ def _price_arcs_nb(tw, bound, values, adj, forbid, cap, min_load):  # pragma: no
                         nxt[v] = acc
                         choice[j, v] = c
         cur = nxt
-    best_v = -1
-    for v in range(min_load, cap + 1):
-        if cur[v] > NEG and (best_v < 0 or cur[v] > cur[best_v]):
-            best_v = v
+    best_v = best_load_from(cur, min_load, NEG)
     a = np.zeros(m, np.int64)
     if best_v < 0:
         return NEG, a, False

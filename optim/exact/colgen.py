@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from .bpp_proof import branch_and_price
+from .bpp_proof import best_load_from, branch_and_price
 from .common import highs_threads
 
 SCALE = 1 << 30             # duals in integer units for the exact Farley bound
@@ -123,10 +123,7 @@ def _price_full_nb(weights, bound, values, cap, min_load):     # pragma: no cove
             q += 1
             b -= c
             k *= 2
-    c_best = -1
-    for cc in range(min_load, cap + 1):
-        if best[cc] > NEG and (c_best < 0 or best[cc] > best[c_best]):
-            c_best = cc
+    c_best = best_load_from(best, min_load, NEG)
     a = np.zeros(m, np.int64)
     if c_best < 0:
         return NEG, a, False
