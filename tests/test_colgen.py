@@ -1,6 +1,6 @@
-"""Column generation for classical bin packing (``optim.exact.colgen``): the pricing knapsacks
-against plain recursion, the exact bound and the waste exclusion against brute-force optima,
-and dives that return checked packings."""
+"""Column generation for classical bin packing (``optim.exact.colgen``): the pricing knapsack
+against plain recursion, the exact bound against brute-force optima, and searches that return
+checked packings (the slack-restricted exclusion is branch-and-price's, ``tests/test_bpp_proof.py``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from optim.exact.colgen import (colgen_dive, price, price_loaded, price_reference,
-                                excludes)
+from optim.exact.colgen import colgen_dive, price, price_reference
 
 
 def _brute_optimum(weights, cap) -> int:
@@ -29,16 +28,6 @@ def _brute_optimum(weights, cap) -> int:
     return n
 
 
-def _loaded_reference(weights, bound, values, cap, min_load):
-    best = None
-    for a in itertools.product(*(range(min(b, cap // w) + 1) for w, b in zip(weights, bound))):
-        load = sum(x * w for x, w in zip(a, weights))
-        if min_load <= load <= cap:
-            v = sum(x * y for x, y in zip(a, values))
-            best = v if best is None else max(best, v)
-    return best
-
-
 def test_price_matches_plain_recursion():
     rng = np.random.default_rng(1)
     for _ in range(200):
@@ -52,28 +41,8 @@ def test_price_matches_plain_recursion():
         assert (a <= b).all() and (a >= 0).all() and int(a @ w) <= cap and int(a @ v) == z
 
 
-def test_price_loaded_matches_enumeration_with_signed_values():
-    rng = np.random.default_rng(2)
-    for _ in range(200):
-        m = int(rng.integers(1, 5))
-        cap = int(rng.integers(5, 40))
-        w = rng.integers(1, cap + 1, m)
-        b = rng.integers(0, 4, m)
-        v = rng.integers(-500, 500, m)
-        lo = int(rng.integers(0, cap + 1))
-        got = price_loaded(w, b, v, cap, lo)
-        ref = _loaded_reference(list(w), list(b), list(v), cap, lo)
-        if ref is None:
-            assert got is None
-            continue
-        z, a = got
-        assert z == ref
-        assert (a <= b).all() and lo <= int(a @ w) <= cap and int(a @ v) == z
-
-
-def test_bound_never_above_and_exclusion_never_wrong_on_brute_forced_instances():
+def test_bound_never_above_the_optimum_on_brute_forced_instances():
     rng = np.random.default_rng(3)
-    excluded_below = 0
     for _ in range(60):
         n = int(rng.integers(2, 8))
         cap = int(rng.integers(10, 40))
@@ -83,10 +52,6 @@ def test_bound_never_above_and_exclusion_never_wrong_on_brute_forced_instances()
         assert r.lower_bound <= opt
         if r.bins is not None:
             assert len(r.bins) >= opt
-        assert not excludes(w, cap, opt, time.perf_counter() + 10)
-        if opt > 1 and excludes(w, cap, opt - 1, time.perf_counter() + 10):
-            excluded_below += 1
-    assert excluded_below > 0              # the exclusion proves something
 
 
 def test_dive_returns_a_checked_packing_into_the_bound():

@@ -52,7 +52,7 @@ NO_PACKING = 1 << 40        # the bound when the node holds no packing at all
 @njit(cache=True)
 def best_load_from(value, min_load, neg):     # pragma: no cover - compiled
     """The load ``v >= min_load`` of the largest ``value[v] > neg`` (the first on ties), -1 if
-    none: the pricing DPs' read-out of their best bin."""
+    none: the arc pricing's read-out of its best bin."""
     best = -1
     for v in range(min_load, value.shape[0]):
         if value[v] > neg and (best < 0 or value[v] > value[best]):

@@ -35,13 +35,8 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from .bpp_proof import best_load_from, branch_and_price
+from .bpp_proof import BIG, SCALE, branch_and_price
 from .common import highs_threads
-
-SCALE = 1 << 30             # duals in integer units for the exact Farley bound
-EPS = 1e-9
-BIG = 64.0                  # master LP: cost of an artificial column (an item left uncovered)
-NO_PACKING = 1 << 40        # the bound when no packing of the asked kind exists
 
 
 @njit(cache=True)
@@ -89,61 +84,6 @@ def _price_nb(weights, bound, values, cap):      # pragma: no cover - compiled
     return best[cap], a
 
 
-@njit(cache=True)
-def _price_full_nb(weights, bound, values, cap, min_load):     # pragma: no cover - compiled
-    m = weights.shape[0]
-    NEG = -(1 << 62)
-    best = np.full(cap + 1, NEG, np.int64)
-    best[0] = 0
-    n_pieces = 0
-    for j in range(m):
-        b = min(bound[j], cap // weights[j])
-        k = 1
-        while b > 0:
-            n_pieces += 1
-            b -= min(k, b)
-            k *= 2
-    keep = np.zeros((n_pieces, cap + 1), np.bool_)
-    pt = np.empty(n_pieces, np.int64)
-    pc = np.empty(n_pieces, np.int64)
-    q = 0
-    for j in range(m):
-        b = min(bound[j], cap // weights[j])
-        k = 1
-        while b > 0:
-            c = min(k, b)
-            pt[q] = j
-            pc[q] = c
-            w = weights[j] * c
-            v = values[j] * c
-            for cc in range(cap, w - 1, -1):
-                if best[cc - w] > NEG and best[cc - w] + v > best[cc]:
-                    best[cc] = best[cc - w] + v
-                    keep[q, cc] = True
-            q += 1
-            b -= c
-            k *= 2
-    c_best = best_load_from(best, min_load, NEG)
-    a = np.zeros(m, np.int64)
-    if c_best < 0:
-        return NEG, a, False
-    c = c_best
-    for q in range(n_pieces - 1, -1, -1):
-        if keep[q, c]:
-            a[pt[q]] += pc[q]
-            c -= weights[pt[q]] * pc[q]
-    return best[c_best], a, True
-
-
-def price_loaded(weights: np.ndarray, bound: np.ndarray, values: np.ndarray, cap: int,
-                 min_load: int) -> tuple[int, np.ndarray] | None:
-    """Like ``price`` over patterns whose load lies in ``min_load..cap``, values of any sign;
-    ``None`` when no such pattern exists."""
-    z, a, ok = _price_full_nb(np.asarray(weights, np.int64), np.asarray(bound, np.int64),
-                              np.asarray(values, np.int64), int(cap), int(min_load))
-    return (int(z), a) if ok else None
-
-
 def price(weights: np.ndarray, bound: np.ndarray, values: np.ndarray, cap: int
           ) -> tuple[int, np.ndarray]:
     """Exact bounded knapsack: the largest ``values . a`` over ``weights . a <= cap``,
@@ -186,8 +126,7 @@ class DiveResult:
 
 class _Master:
     """The restricted master LP over the patterns found so far (HiGHS, warm-started), with an
-    artificial column per type at cost ``BIG`` so that it stays feasible when patterns are
-    switched off (``restrict``)."""
+    artificial column per type at cost ``BIG`` so that it is feasible from the start."""
 
     def __init__(self, demand: np.ndarray, tw: np.ndarray):
         import highspy
@@ -203,9 +142,7 @@ class _Master:
             self.h.addCol(BIG, 0.0, self.inf, 1, np.array([j], np.int32), np.array([1.0]))
         self.tw = tw
         self.patterns: list[np.ndarray] = []
-        self.loads: list[int] = []
         self.seen: set[bytes] = set()
-        self.min_load = 0
 
     def add(self, a: np.ndarray) -> bool:
         key = np.asarray(a, np.int64).tobytes()
@@ -215,23 +152,7 @@ class _Master:
         idx = np.flatnonzero(a).astype(np.int32)
         self.h.addCol(1.0, 0.0, self.inf, len(idx), idx, a[idx].astype(float))
         self.patterns.append(np.asarray(a, np.int64))
-        self.loads.append(int(a @ self.tw))
         return True
-
-    def set_demand(self, demand: np.ndarray) -> None:
-        m = len(demand)
-        self.h.changeRowsBounds(m, np.arange(m, dtype=np.int32), np.asarray(demand, float),
-                                np.full(m, self.inf))
-
-    def restrict(self, min_load: int) -> None:
-        """Switch off the patterns whose load is below ``min_load``."""
-        if min_load == self.min_load or not self.patterns:
-            self.min_load = min_load
-            return
-        self.min_load = min_load
-        n, m = len(self.patterns), len(self.tw)
-        up = np.where(np.asarray(self.loads) >= min_load, self.inf, 0.0)
-        self.h.changeColsBounds(n, np.arange(m, m + n, dtype=np.int32), np.zeros(n), up)
 
     def solve(self) -> tuple[np.ndarray, np.ndarray, float]:
         self.h.run()
@@ -253,46 +174,26 @@ class _Search:
         self.demand = counts.astype(np.int64)
         self.deadline = deadline
         self.master = _Master(self.demand, self.tw)
-        self.nodes = 0
         for b in _ffd_types(self.tw, self.demand, self.cap):
             self.master.add(b)
 
     def timed_out(self) -> bool:
         return time.perf_counter() > self.deadline
 
-    def relax(self, demand: np.ndarray, slack: int | None = None, stop_at: int | None = None
-              ) -> tuple[int, np.ndarray, float]:
-        """Column generation on the residual ``demand``: (exact bound, valid at any iteration,
-        pattern values, master LP value). With ``slack``, only patterns whose waste is at most
-        ``slack`` count (those of a packing into ``(load + slack) / C`` bins), and the bound
-        is on such packings (``NO_PACKING`` when there is none). Stops once the bound reaches
-        ``stop_at`` or ceil(LP value)."""
-        min_load = 0 if slack is None else max(0, self.cap - slack)
-        self.master.set_demand(demand)
-        self.master.restrict(min_load)
+    def relax(self) -> tuple[int, float]:
+        """Column generation at the root: (exact bound, valid at any iteration, master LP
+        value). Stops once the bound reaches ceil(LP value), or at the deadline."""
         lb = 0
         while True:
-            x, pi, obj = self.master.solve()
+            _, pi, obj = self.master.solve()
             y = np.floor(pi * SCALE).astype(np.int64)
-            y[demand == 0] = 0
-            got = price_loaded(self.tw, demand, y, self.cap, min_load) if min_load > 0 \
-                else price(self.tw, demand, y, self.cap)
-            if got is None:                 # no bin takes a load in the range
-                return NO_PACKING, x, obj
-            z, a = got
-            yd = int(y @ demand)
+            z, a = price(self.tw, self.demand, y, self.cap)
             if z > 0:
-                lb = max(lb, -(-yd // z))
-            elif yd > 0:
-                lb = NO_PACKING
-            if z <= SCALE or lb >= int(np.ceil(obj - 1e-6)) \
-                    or (stop_at is not None and lb >= stop_at):
-                return lb, x, obj
+                lb = max(lb, -(-int(y @ self.demand) // z))
+            if z <= SCALE or lb >= int(np.ceil(obj - 1e-6)):
+                return lb, obj
             if self.timed_out() or not self.master.add(a):
-                return lb, x, obj
-
-    def slack(self, demand: np.ndarray, bins: int) -> int:
-        return bins * self.cap - int(self.tw @ demand)
+                return lb, obj
 
     def to_bins(self, patterns: list[np.ndarray]) -> list[list[int]]:
         pools = [list(m) for m in self.members]
@@ -332,7 +233,7 @@ def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
     if max(weights) > capacity or min(weights) < 1:
         raise ValueError("every weight must lie in 1..capacity")
     s = _Search(weights, capacity, deadline)
-    lb, _, lp = s.relax(s.demand)
+    lb, lp = s.relax()
     tgt = max(lb, known_bound)
     bins = None
     nodes = columns = 0
@@ -348,16 +249,5 @@ def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
     if bins is not None:
         assert all(sum(weights[i] for i in b) <= capacity for b in bins)
         assert sorted(i for b in bins for i in b) == list(range(len(weights)))
-    return DiveResult(max(lb, known_bound), lp, bins, s.nodes + nodes,
+    return DiveResult(max(lb, known_bound), lp, bins, nodes,
                       len(s.master.patterns) + columns, time.perf_counter() - t0)
-
-
-def excludes(weights: Sequence[int], capacity: int, k: int, deadline: float) -> bool:
-    """True when no packing of ``weights`` into ``k`` bins of ``capacity`` exists, shown by
-    the relaxation over the patterns such a packing may use (module docstring); False says
-    nothing."""
-    if not weights:
-        return False
-    s = _Search(weights, capacity, deadline)
-    slack = s.slack(s.demand, k)
-    return slack < 0 or s.relax(s.demand, slack, stop_at=k + 1)[0] > k
