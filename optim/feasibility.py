@@ -548,16 +548,25 @@ def two_gpu_splits(inst: Instance, cap_tps: float) -> list[tuple[int, ...]] | No
     return [tuple(int(i) for i in np.flatnonzero(b)) for b in bits[ok]]
 
 
+def _split_groups(inst: Instance, first: Sequence[int]) -> tuple[list[Adapter], list[Adapter]]:
+    """The two GPUs of a split, each its adapters in id order (the order the twin draws in)."""
+    chosen = set(first)
+    groups: tuple[list[Adapter], list[Adapter]] = ([], [])
+    for i in sorted(range(len(inst.adapters)), key=lambda i: inst.adapters[i].id):
+        groups[0 if i in chosen else 1].append(inst.adapters[i])
+    return groups
+
+
+def _draw_key(group: Sequence[Adapter]) -> tuple:
+    return tuple((a.rank, a.rate) for a in group)
+
+
 def split_gpus(inst: Instance, first: Sequence[int]) -> tuple[tuple, tuple]:
     """The two GPUs of a split as the twin draws them: each GPU's (rank, rate) in id order
     (adapter ``i`` of a GPU draws from child ``i`` of the GPU's seed), so two splits with equal
     keys are replayed alike whatever their adapters' ids."""
-    chosen = set(first)
-    key: tuple[list, list] = ([], [])
-    for i in sorted(range(len(inst.adapters)), key=lambda i: inst.adapters[i].id):
-        a = inst.adapters[i]
-        key[0 if i in chosen else 1].append((a.rank, a.rate))
-    return tuple(key[0]), tuple(key[1])
+    x, y = _split_groups(inst, first)
+    return _draw_key(x), _draw_key(y)
 
 
 def split_checks(inst: Instance, splits: Sequence[Sequence[int]]) -> int:
@@ -606,23 +615,19 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
 
 def _some_split_accepted(inst: Instance, splits: Sequence[tuple[int, ...]], duration_s: float,
                          workers: int | None) -> bool:
-    ads = inst.adapters
     memo: dict[tuple, bool] = {}
 
-    def accepted(idx: Sequence[int], seed: int) -> bool:
-        group = sorted((ads[i] for i in idx), key=lambda a: a.id)
-        k = (tuple((a.rank, a.rate) for a in group), seed)
+    def accepted(group: list[Adapter], seed: int) -> bool:
+        k = (_draw_key(group), seed)
         if k not in memo:
             memo[k] = _gpu_accepted(inst, group, seed, duration_s, workers)
         return memo[k]
 
     s0, s1 = inst.seed, inst.seed + 1
     for first in splits:
-        chosen = set(first)
-        second = [i for i in range(len(ads)) if i not in chosen]
         # the heavier GPU first: it is the likelier to fail
-        a, b = sorted((list(first), second), key=lambda g: -sum(inst.load_tps(ads[i])
-                                                                 for i in g))
+        a, b = sorted(_split_groups(inst, first),
+                      key=lambda g: -sum(inst.load_tps(ad) for ad in g))
         for x, y in ((a, b), (b, a)):            # x takes seed s0, y seed s1
             if accepted(x, s0) and accepted(y, s1):
                 return True
