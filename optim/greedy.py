@@ -51,6 +51,14 @@ Compaction. Once the twin accepts, ``optim.compaction`` tries fewer GPUs, load-b
 GPU's Amax searched by the twin over every integer (the surrogates only know their Amax grid),
 down to the twin lower bound (option ``compact``, default on; it leaves split placements alone).
 
+SLO. Under a latency SLO the packing surrogate is also gated by ``optim.slo_capacity``: the
+twin-measured load one GPU carries under the SLO by rank and busy adapter count (``SloGated``;
+a hundred light adapters count as a few busy ones). With verification on, where that packing
+ends above the twin lower bound after repair and compaction, the packing gated by the
+one-adapter limit alone is repaired and compacted too and the better of the two is kept
+(``params["slo_packing"]`` names it): the table is a prediction, and either packing can be the
+one compaction brings lower.
+
 Replication (instance ``max_homes`` k > 1, ``--max-homes``). Greedy splits exactly the adapters
 that the surrogate says no GPU type serves alone (at any Amax), each into the fewest equal
 shares m <= k of which one GPU serves one alone (``replicate``); every other adapter keeps one
@@ -77,6 +85,7 @@ from .instance import GpuType, Instance
 from .methods import MethodOptions, register_method
 from .objectives import Objective
 from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
+from .slo_capacity import SloCapacity, measure_slo_capacity
 
 TRAINED_DIR = Path(__file__).resolve().parent.parent / "surrogates" / "trained"
 Item = tuple[Adapter, float]            # an adapter and the share of its traffic on one GPU
@@ -113,25 +122,25 @@ class CapacitySurrogate:
 
 
 class SloGated:
-    """A packing surrogate that also calls a GPU infeasible when its offered load exceeds
-    ``cap_tps``: the largest load one GPU of the type carries under the instance's latency SLO
-    in its least-work configuration (one adapter, the smallest rank; ``capacity.carry_limit``
-    with the SLO, twin-measured). No GPU carrying more is accepted (the bound's argument), so
-    the gate never refuses a fill the twin would accept; it stops the throughput surrogate from
-    packing GPUs the SLO must then split."""
+    """A packing surrogate that also calls a GPU infeasible when its offered load exceeds what
+    one GPU of the type carries under the instance's latency SLO: ``capacity.row_caps``, the
+    twin-measured limit by rank and busy adapter count (``optim.slo_capacity``), never above
+    the one-adapter limit. It stops the throughput surrogate from packing GPUs the SLO must
+    then split (a prediction: the twin verifies, repair fixes what it rejects)."""
 
-    def __init__(self, model, cap_tps: float, load_col: int) -> None:
-        self.model, self.cap_tps, self.load_col = model, float(cap_tps), int(load_col)
+    def __init__(self, model, capacity, load_col: int) -> None:
+        self.model, self.capacity, self.load_col = model, capacity, int(load_col)
 
     def predict_unchecked(self, M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         thr, starved = self.model.predict_unchecked(M)
-        return thr, starved | (M[:, self.load_col] > self.cap_tps)
+        return thr, starved | (M[:, self.load_col] > self.capacity.row_caps(M))
 
 
 def slo_caps(inst: Instance, duration_s: float, workers: int | None = None) -> dict[str, float]:
     """Per GPU type, the one-adapter carry limit under ``inst.slo`` at the type's smallest rank
-    (``SloGated``); empty without an SLO. With adapter classes, under the loosest SLO they
-    allow (``Instance.bound_view``): a cap no GPU that meets its classes' bounds exceeds."""
+    (the exact models' configuration cap); empty without an SLO. With adapter classes, under
+    the loosest SLO they allow (``Instance.bound_view``): a cap no GPU that meets its classes'
+    bounds exceeds."""
     inst = inst.bound_view()
     if inst.slo is None:
         return {}
@@ -280,10 +289,11 @@ def _choose(fills: dict[str, Fill], types: dict[str, GpuType], objective: str) -
 
 
 def _packing_inputs(inst: Instance, surrogate: str, adapters: Sequence[Adapter] | None = None,
-                    shares: Sequence[float] | None = None, caps: dict[str, float] | None = None
+                    shares: Sequence[float] | None = None,
+                    caps: dict[str, SloCapacity] | None = None
                     ) -> tuple[list[Adapter], dict, np.ndarray]:
     """Adapters (default: the instance's), the packing surrogate per GPU type name (gated by
-    the SLO load ``caps`` where given: ``SloGated``), and the adapters' feature rows at the
+    the SLO capacity ``caps`` where given: ``SloGated``), and the adapters' feature rows at the
     routed rates (``shares`` x rate; default shares 1) — what filling and spreading read."""
     from surrogates.features import IDX
     ads = list(inst.adapters if adapters is None else adapters)
@@ -403,7 +413,7 @@ def _spread(inst: Instance, adapters: Sequence[Adapter], models: dict[str, objec
 
 def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
                  pool: dict[str, int] | None = None, surrogate: str = "fast",
-                 shares: Sequence[float] | None = None, caps: dict[str, float] | None = None
+                 shares: Sequence[float] | None = None, caps: dict[str, SloCapacity] | None = None
                  ) -> tuple[list[GpuPlan], bool, list[str]]:
     """Greedy fill of ``adapters`` onto GPUs of ``pool`` (type -> units; default the instance's)
     with the ``surrogate`` packing model; ``shares`` (default 1 each) are the parts of each
@@ -449,7 +459,7 @@ def greedy_plans(inst: Instance, adapters: Sequence[Adapter], objective: str,
             split = (f", nor split over max_homes={k} GPUs (no 1/{k} share is served alone)"
                      if k > 1 and s == 1.0 else "")
             slo = (f"; under the SLO {inst.slo.describe()} one GPU carries at most "
-                   + ", ".join(f"{c:,.0f} tok/s ({n})" for n, c in caps.items())
+                   + ", ".join(f"{c.one_tps:,.0f} tok/s ({n})" for n, c in caps.items())
                    if caps else "")
             raise ValueError(f"adapter '{a.id}' (rank {a.rank}, rate {a.rate}{part}) cannot be "
                              f"served by any GPU type, even alone (surrogate){split}{slo}")
@@ -486,7 +496,7 @@ def _best_twin_amax(inst: Instance, plan: GpuPlan, duration_s: float, seed: int
 
 
 def _shrink(inst: Instance, plans: list[GpuPlan], surrogate: str,
-            caps: dict[str, float] | None = None) -> tuple[list[GpuPlan], bool]:
+            caps: dict[str, SloCapacity] | None = None) -> tuple[list[GpuPlan], bool]:
     """While the surrogate accepts the adapters spread (``_spread``) over the GPUs minus the last
     one opened, take that spread. Next-fit in Maxpack order can leave a GPU's worth of slack
     spread over several GPUs (a few hot adapters late in the order); returns (plans, shrunk)."""
@@ -539,7 +549,7 @@ def _rebalanced(inst: Instance, p: Placement, models: dict, amaxes: np.ndarray,
 
 def repair(inst: Instance, placement: Placement, objective: str, duration_s: float,
            max_rounds: int = 20, surrogate: str = "fast",
-           caps: dict[str, float] | None = None) -> Placement:
+           caps: dict[str, SloCapacity] | None = None) -> Placement:
     """Make every GPU twin-accepted (see module docstring); returns the repaired placement."""
     from .verify import verify
     p = verify(placement, inst, duration_s=duration_s)
@@ -627,18 +637,46 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
         ex = opts.extra
         return solve_configurations(inst, obj.name, bool(ex.get("repair") or ex.get("verify")),
                                     ex.get("duration_s"), ex.get("workers"))
-    t0 = time.perf_counter()
     surrogate = opts.extra.get("surrogate", "fast")
     if surrogate not in SURROGATES:
         raise ValueError(f"greedy: option 'surrogate' must be one of {SURROGATES}, "
                          f"got {surrogate!r}")
     dur = opts.extra.get("duration_s")
     dur = float(dur if dur is not None else inst.duration_s)
+    workers = opts.extra.get("workers")
+    caps = measure_slo_capacity(inst, dur, workers)
+    place = _pack(inst, obj.name, surrogate, caps)
+    if not opts.extra.get("repair", False):
+        return place
+    if place.status != "failed":
+        place = _verified(inst, place, obj.name, dur, surrogate, caps, opts)
+    if caps and not _certified(place):
+        # under an SLO the count-aware table is a prediction: where its packing is not
+        # certified, the packing gated by the one-adapter limit alone is tried too
+        one = {n: c.one_adapter_only() for n, c in caps.items()}
+        alt = _pack(inst, obj.name, surrogate, one)
+        if alt.status != "failed":
+            alt = _verified(inst, alt, obj.name, dur, surrogate, one, opts)
+        if _better(alt, place, obj):
+            return alt.with_(params={**alt.params, "slo_packing": "one-adapter limit"},
+                             notes=alt.notes + (
+                                 "under the SLO, the packing gated by the one-adapter limit "
+                                 f"alone took {alt.n_gpus} GPU(s), the count-aware one "
+                                 f"{place.n_gpus if place.gpus else 'none'}",))
+    if caps:
+        place = place.with_(params={**place.params, "slo_packing": "count-aware"})
+    return place
+
+
+def _pack(inst: Instance, objective: str, surrogate: str,
+          caps: dict[str, SloCapacity]) -> Placement:
+    """Greedy's packing (fill, then shrink) under the SLO capacity ``caps`` (empty: none), not
+    yet verified; ``failed`` when an adapter fits no GPU type."""
+    t0 = time.perf_counter()
     try:
-        caps = slo_caps(inst, dur, opts.extra.get("workers"))
         ads, shares, notes = (replicate(inst, surrogate) if inst.max_homes > 1
                               else (list(inst.adapters), None, []))
-        plans, over_pool, fill_notes = greedy_plans(inst, ads, obj.name, surrogate=surrogate,
+        plans, over_pool, fill_notes = greedy_plans(inst, ads, objective, surrogate=surrogate,
                                                     shares=shares, caps=caps)
         notes = notes + fill_notes
         if not over_pool:
@@ -656,13 +694,35 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
                       params={"test_points": list(TEST_POINTS), "placement_wall_s": wall,
                               "surrogate": surrogate, "max_homes": inst.max_homes})
     if caps:
-        place = place.with_(params={**place.params, "slo_load_cap_tps": caps})
-    if opts.extra.get("repair", False):
-        place = repair(inst, place, obj.name, dur, surrogate=surrogate, caps=caps)
-        if opts.extra.get("compact", True) and place.status == "solved":
-            from .compaction import compact
-            place = compact(inst, place, dur, workers=opts.extra.get("workers"))
+        place = place.with_(params={**place.params,
+                                    "slo_load_cap_tps": {n: c.one_tps for n, c in caps.items()},
+                                    "slo_capacity": [c.to_dict() for c in caps.values()]})
     return place
+
+
+def _verified(inst: Instance, place: Placement, objective: str, duration_s: float,
+              surrogate: str, caps: dict[str, SloCapacity], opts: MethodOptions) -> Placement:
+    """``place`` repaired in the twin, then compacted (option ``compact``, default on)."""
+    place = repair(inst, place, objective, duration_s, surrogate=surrogate, caps=caps)
+    if opts.extra.get("compact", True) and place.status == "solved":
+        from .compaction import compact
+        place = compact(inst, place, duration_s, workers=opts.extra.get("workers"))
+    return place
+
+
+def _certified(p: Placement) -> bool:
+    """Twin-accepted with as many GPUs as compaction's twin lower bound."""
+    lb = p.params.get("lower_bound")
+    return p.verdict == "accepted" and lb is not None and p.n_gpus <= lb
+
+
+def _better(a: Placement, b: Placement, obj: Objective) -> bool:
+    """``a`` is twin-accepted and ``b`` is not, or both are and ``a`` scores lower by ``obj``."""
+    if a.verdict != "accepted" or a.status != "solved":
+        return False
+    if b.verdict != "accepted" or b.status != "solved":
+        return True
+    return obj.value(a) < obj.value(b)
 
 
 register_method("greedy", greedy, objectives=("gpus", "cost", "energy"), repairs=True,
