@@ -821,6 +821,10 @@ def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
     return twin_lower_bound(inst, duration_s, workers, pair_checks).best
 
 
+CERT_PAIR_CHECKS = 64          # raise_bound_to: GPU checks of two_gpus_excluded ...
+CERT_PAIR_MAX_ADAPTERS = 512   # ... on instances of at most this many adapters
+
+
 def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
                    workers: int | None = None) -> int:
     """``target`` when the twin-sound exclusions show that no twin-accepted placement uses
@@ -828,7 +832,10 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
     spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs:
     ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound);
-    two GPUs: also every split replayed (``two_gpu_splits_excluded``, few adapters only)."""
+    two GPUs: also every split replayed (``two_gpu_splits_excluded``, few adapters only), then
+    every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
+    with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
+    ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes)."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
@@ -839,6 +846,9 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if busiest_gpu_excluded(inst, lb, duration_s, workers):
         return target
     if lb == 2 and two_gpu_splits_excluded(inst, duration_s, workers):
+        return target
+    if (lb == 2 and len(inst.adapters) <= CERT_PAIR_MAX_ADAPTERS
+            and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):
         return target
     return lb
 
