@@ -46,14 +46,13 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from optim.feasibility import twin_lower_bound
 from optim.instance import Instance, load_instance
 from optim.methods import method_names
 from twin.slo import Slo
 
 from .common import REPO, git_commit
-from .gpu_savings import (PAPER_DIR, RowStore, accepted_counts, point_bound, point_key,
-                          scenario_of, select_instances, solve_point)
+from .gpu_savings import (PAPER_DIR, RowStore, point_key, rebound, scenario_of,
+                          select_instances, solve_point)
 
 LEVELS: dict[str, Slo | None] = {
     "90pct": None,
@@ -102,10 +101,9 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 def rebound_point(inst: Instance, methods: Sequence[str], rows: list[dict], duration_s: float,
                   workers: int | None, store: RowStore | None) -> list[dict]:
     """``rows`` (one per method) with ``lb`` recomputed by the current bound code
-    (``gpu_savings.point_bound``); changed rows are stored again under their keys."""
-    bound = twin_lower_bound(inst, duration_s, workers, 0)
-    lb = point_bound(inst, bound, accepted_counts(rows), duration_s, workers)
-    out = [{**r, "lb": lb, "lb_one": bound.one_adapter} for r in rows]
+    (``gpu_savings.rebound``); changed rows are stored again under their keys."""
+    lb, one = rebound(inst, pd.DataFrame(rows), workers, 0)
+    out = [{**r, "lb": lb, "lb_one": one} for r in rows]
     if store is not None:
         for m, old, new in zip(methods, rows, out):
             if (old["lb"], old["lb_one"]) != (new["lb"], new["lb_one"]):

@@ -180,10 +180,11 @@ def _smallest_rank(inst: Instance) -> int:
     return min(a.rank for a in inst.adapters)
 
 
-def _type_rank(inst: Instance, t) -> int | None:
-    """Smallest startable rank >= the instance's smallest adapter rank on GPU type ``t``."""
+def _type_rank(inst: Instance, t, rank: int | None = None) -> int | None:
+    """Smallest startable rank >= ``rank`` (default: the instance's smallest adapter rank) on GPU
+    type ``t``."""
     prof = t.load_profile()
-    r = _smallest_rank(inst)
+    r = _smallest_rank(inst) if rank is None else rank
     ranks = sorted(x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1)
     return ranks[0] if ranks else None
 

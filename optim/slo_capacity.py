@@ -128,8 +128,8 @@ def measure_slo_capacity(inst: Instance, duration_s: float, workers: int | None 
     """``SloCapacity`` of every GPU type that starts a LoRA configuration for ``inst`` under
     its SLO (empty without one); with adapter classes, under the loosest SLO they allow
     (``Instance.bound_view``)."""
-    from .capacity import carry_limit, max_startable_amax
-    from .feasibility import _bound_seeds, one_adapter_caps
+    from .capacity import carry_limit
+    from .feasibility import _bound_seeds, _type_rank, one_adapter_caps
     inst = inst.bound_view()
     if inst.slo is None:
         return {}
@@ -145,10 +145,9 @@ def measure_slo_capacity(inst: Instance, duration_s: float, workers: int | None 
         prof = t.load_profile()
         curves = []
         for r in sorted({a.rank for a in inst.adapters}):
-            start = [x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1]
-            if not start:
+            rank = _type_rank(inst, t, r)
+            if rank is None:
                 continue
-            rank = min(start)
             counts, limits, busy = [], [], []
             for k in [c for c in COUNTS if c <= n] or [1]:
                 lim = carry_limit(prof, rank, k, inst.lengths, duration_s, seeds,
