@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 
 from optim.instance import instance_from_dict
-from optim.slo_capacity import BUSY_FEATURE, RankCurve, SloCapacity, measure_slo_capacity
+from optim.capacity import carry_limit, predicted_limit
+from optim.feasibility import _bound_seeds
+from optim.slo_capacity import (BUSY_FEATURE, MAX_COUNT, RankCurve, SloCapacity,
+                                measure_slo_capacity)
 from surrogates.features import FEATURES, IDX, gpu_features
+from twin.profile import load_profile
 from twin.slo import Slo
 
 PROFILE = "llama-3.1-8b-instruct"
@@ -64,6 +68,16 @@ def test_measured_curves_fall_with_the_count_and_start_at_the_one_adapter_limit(
         assert c.counts[-1] <= len(inst.adapters)
     assert cap.curves[0].limits_tps[0] == pytest.approx(cap.one_tps)
     assert cap.curves[1].limits_tps[0] <= cap.one_tps
+    # one measured curve (the smallest rank, at most MAX_COUNT adapters); a larger rank's is
+    # that curve scaled by the ratio of the two ranks' predicted one-adapter limits
+    low, high = cap.curves
+    assert low.counts == high.counts and low.counts[-1] <= MAX_COUNT
+    args = (inst.lengths, inst.duration_s, _bound_seeds(inst), inst.starvation_threshold, 1,
+            inst.slo, cap.one_tps)
+    ratio = (predicted_limit(load_profile(PROFILE), 32, 1, *args)
+             / predicted_limit(load_profile(PROFILE), 8, 1, *args))
+    assert 0 < ratio < 1
+    assert np.allclose(np.array(high.limits_tps) / np.array(low.limits_tps), ratio)
     assert measure_slo_capacity(_inst([0.5] * 3, [8] * 3, None), 300.0, 1) == {}
 
 
@@ -123,3 +137,19 @@ def test_greedy_under_an_slo_keeps_the_better_of_its_two_packings(monkeypatch):
         n: c.one_adapter_only() for n, c in real(*a, **k).items()})
     q = solve(inst, "greedy", verify=True, duration_s=300.0, workers=1)
     assert q.verdict == "accepted" and p.n_gpus <= q.n_gpus
+
+
+def test_predicted_limit_is_near_the_carry_limit_and_below_it():
+    """The table's cheap prediction (Amax = count, two seeds, no margin) lies below the sound
+    carry limit (best Amax, every seed, mean + 4 sd) and not far from it."""
+    inst = _inst([0.5] * 4, [8] * 4, Slo(itl_p99_ms=40.0))
+    prof = load_profile(PROFILE)
+    seeds = _bound_seeds(inst)
+    for n in (1, 4):
+        sound = carry_limit(prof, 8, n, inst.lengths, inst.duration_s, seeds,
+                            inst.starvation_threshold, 1, inst.slo).limit_tps
+        pred = predicted_limit(prof, 8, n, inst.lengths, inst.duration_s, seeds,
+                               inst.starvation_threshold, 1, inst.slo, sound)
+        assert 0.8 * sound <= pred <= 1.01 * sound, (n, pred, sound)
+    with pytest.raises(ValueError, match="n_adapters"):
+        predicted_limit(prof, 8, 0, inst.lengths, inst.duration_s, seeds, 0.9, 1, None, 1.0)
