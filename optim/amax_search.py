@@ -95,9 +95,18 @@ def twin_best_amax(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
     None only when no integer Amax in 1..hi is accepted: when the search's best is rejected,
     every Amax it skipped is replayed (stopping early once it cannot be accepted), because the
     score-vs-Amax curve is not unimodal (``experiments.amax_curves``)."""
+    best, runs, _ = twin_best_score(inst, plan, seed, duration_s, workers, k, hi)
+    return best, runs
+
+
+def twin_best_score(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
+                    workers: int | None = None, k: int = COARSE_PROBES,
+                    hi: int | None = None) -> tuple[GpuPlan | None, int, float]:
+    """``twin_best_amax`` and the best score it saw (``-inf`` when no Amax starts): how far a
+    rejected GPU is from acceptance, for searches that move adapters toward it."""
     top = amax_upper(plan) if hi is None else int(hi)
     if top < 1:
-        return None, 0
+        return None, 0, -np.inf
     metrics: dict[int, object] = {}
 
     def score(xs: list[int]) -> list[float]:
@@ -119,11 +128,11 @@ def twin_best_amax(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
                 s, best, m0 = max(ok, key=lambda t: (t[0], -t[1]))
                 metrics[best] = m0
         if s < 1.0:
-            return None, runs
+            return None, runs, float(s)
     m = metrics[best]
     return GpuPlan(plan.gpu_type, plan.profile, best, plan.max_lora_rank, plan.adapters,
-                   plan.offered_tps, plan.predicted, GpuMetrics.from_run(m)), runs
+                   plan.offered_tps, plan.predicted, GpuMetrics.from_run(m)), runs, float(s)
 
 
 __all__ = ["COARSE_PROBES", "coarse_probes", "search_max", "amax_upper", "twin_scores",
-           "twin_best_amax"]
+           "twin_best_amax", "twin_best_score"]

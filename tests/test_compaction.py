@@ -141,3 +141,51 @@ def test_a_drain_empties_the_lightest_gpus_when_the_even_spread_fails(monkeypatc
     assert all(g.verified is not None and g.verified.ok for g in out.gpus)
     assert out.n_gpus == 1                          # 6 x 0.2 req/s: one GPU's worth
     assert C._drain(inst, out, 0, DUR, None, C._Budget(1e6)) is None   # nowhere to go
+
+
+def _capacity_search(inst, caps):
+    """A stand-in for the twin's Amax search: GPU g accepts a load up to caps[g]; its score is
+    caps[g] / load (a plan object when accepted)."""
+    calls = []
+
+    def search(g, mem):
+        calls.append((g, tuple(sorted(mem))))
+        load = sum(inst.load_tps(inst.adapters[i]) for i in mem)
+        score = caps[g] / load
+        return ("plan" if score >= 1.0 else None), score
+    return search, calls
+
+
+def test_rebalance_moves_light_adapters_off_the_rejected_gpu_until_both_accept():
+    from optim.compaction import _rebalance
+    inst = _inst(n=8, rate=0.5)
+    loads = [inst.load_tps(a) for a in inst.adapters]
+    members = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    l0, l1 = sum(loads[i] for i in members[0]), sum(loads[i] for i in members[1])
+    light = min(members[1], key=lambda i: (loads[i], i))
+    # GPU 1 is short by less than its lightest adapter; GPU 0 has room for it
+    caps = [l0 + loads[light] * 1.5, l1 - loads[light] * 0.5]
+    search, calls = _capacity_search(inst, caps)
+    found = [search(0, members[0]), search(1, members[1])]
+    assert found[1][0] is None and sum(s for _, s in found) >= 2
+    got = _rebalance(inst, members, found, search)
+    assert got is not None
+    plans, moves = got
+    assert moves == 1 and all(p == "plan" for p, _ in plans)
+    assert (1, tuple(sorted(set(members[1]) - {light}))) in calls
+    # the GPUs' spare capacity does not cover the shortfall: nothing is searched
+    search, calls = _capacity_search(inst, [l0 * 1.001, l1 * 0.99])
+    found = [search(0, members[0]), search(1, members[1])]
+    assert _rebalance(inst, members, found, search) is None and len(calls) == 2
+
+
+def test_compaction_finds_two_gpus_for_small_16_by_moving_one_light_adapter():
+    """small-16 (48 rank-32 adapters, zipf rates; 600 s window): spread evenly by load over two
+    GPUs, one scores 1.005 and the other 0.996 at its best Amax; one light adapter moved and
+    both are accepted. Greedy used to stop at 3 GPUs; 2 meets the twin lower bound."""
+    inst = load_instance(REPO / "instances" / "small" / "small-16-llama-n48-g3-zipf.json")
+    p = solve(inst, "greedy", options=MethodOptions(extra={"repair": True, "duration_s": 600.0,
+                                                           "workers": 1}))
+    assert p.verdict == "accepted" and p.n_gpus == 2
+    assert p.params["lower_bound"] == 2
+    assert any("light adapter(s) moved off rejected GPUs" in r for r in p.repairs)
