@@ -455,6 +455,18 @@ def _carry_limit(prof: GpuProfile, rank: int, n: int, amax: int, duration_s: flo
                       float(threshold), seeds, tuple(float(x) for x in per_seed), spread, limit)
 
 
+def _measurement_pool(n_workers: int):
+    """The worker pool a limit's twin batches run on: none for one worker, else the command's
+    worker processes when it installed them (``twin.fleet.use_backend``), else a pool of
+    ``n_workers`` opened for this measurement (a context manager in every case)."""
+    from contextlib import nullcontext
+    from twin.fleet import installed_pool, worker_pool
+    if n_workers <= 1:
+        return nullcontext(None)
+    shared = installed_pool()
+    return nullcontext(shared) if shared is not None else worker_pool(n_workers)
+
+
 def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
                 lengths: LengthModel | None = None, duration_s: float = 3600.0,
                 seeds: Sequence[int] = tuple(range(BOUND_SEEDS)), threshold: float = 0.9,
@@ -496,13 +508,7 @@ def carry_limit(profile: GpuProfile | str, rank: int, n_adapters: int = 1,
     if n_adapters > 1:
         one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers, slo)
         seeds = seeds[:COUNT_SEEDS]
-    from contextlib import nullcontext
-    from twin.fleet import installed_pool, worker_pool
-    n_workers = workers or os.cpu_count() or 1
-    shared = installed_pool()     # the command's worker processes (twin.fleet.use_backend)
-    runner = (nullcontext(None) if n_workers <= 1 else nullcontext(shared) if shared is not None
-              else worker_pool(n_workers))
-    with runner as pool:
+    with _measurement_pool(workers or os.cpu_count() or 1) as pool:
         out = _measure_limit(prof, rank, n_adapters, lengths, duration_s, seeds, threshold, top,
                              one, pool, slo)
     _cache[key] = out
@@ -541,13 +547,7 @@ def predicted_limit(profile: GpuProfile | str, rank: int, n_adapters: int,
     if hit is not None:
         _cache[key] = float(hit["limit_tps"])
         return _cache[key]
-    from contextlib import nullcontext
-    from twin.fleet import installed_pool, worker_pool
-    n_workers = min(workers or os.cpu_count() or 1, len(seeds))
-    shared = installed_pool()
-    runner = (nullcontext(None) if n_workers <= 1 else nullcontext(shared) if shared is not None
-              else worker_pool(n_workers))
-    with runner as pool:
+    with _measurement_pool(min(workers or os.cpu_count() or 1, len(seeds))) as pool:
         lims = _bisect_limits(prof, rank, n_adapters, [(amax, s) for s in seeds], float(guess),
                               lengths, duration_s, threshold, pool, slo, rtol=PREDICT_RTOL)
     _cache[key] = float(np.mean(lims))

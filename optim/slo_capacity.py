@@ -181,7 +181,7 @@ def measure_slo_capacity(inst: Instance, duration_s: float, workers: int | None 
                     for v, k in zip(limits, counts)]
             curves.append(RankCurve(r, tuple(counts), tuple(limits), tuple(busy)))
         if curves:
-            out[t.name] = SloCapacity(t.name, float(ones[t.name]), tuple(curves))
+            out[t.name] = SloCapacity(t.name, one, tuple(curves))
     return out
 
 
