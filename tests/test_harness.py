@@ -72,7 +72,13 @@ def test_verify_against_twin_serve_matches_the_twin(tmp_path):
     if lag_ms > LAG_WARN_MS:
         pytest.skip(f"TTFT not compared: the machine was too busy, the twin serve stand-ins fell "
                     f"{lag_ms:.0f} ms behind their clocks (throughput, ITL, verdicts passed)")
-    assert abs(rel["total"]["mean_ttft_ms"]) <= 0.10, rel["total"]
+    # the client's TTFT holds the loopback transport at its wall value (the twin has none; the
+    # report states it per GPU): served time must match the twin's replay within 10 %
+    for g in rep["gpus"]:
+        served = g["measured"]["mean_ttft_ms"] - g["transit_ms_wall"]
+        assert 0.0 < g["transit_ms_wall"] < g["measured"]["mean_ttft_ms"], g
+        assert abs(served / g["twin"]["mean_ttft_ms"] - 1.0) <= 0.10, (g["gpu"], served, g)
+    assert abs(rel["total"]["mean_ttft_ms"]) <= 0.25, rel["total"]
 
 
 @needs_serve

@@ -93,7 +93,7 @@ def to_markdown(r: VerifyResult) -> str:
         pre = (f"preemptions: server {g.server_preemptions:g}, twin {g.twin_preemptions}"
                if g.server_preemptions is not None else f"preemptions: twin {g.twin_preemptions}")
         errs = ", ".join(f"{k}: {v}" for k, v in g.errors.items()) or "none"
-        tr = (f"; transport {g.transit_ms:.2f} ms wall per request (not time-scaled)"
+        tr = (f"; transport {g.transit_ms:.2f} ms wall per request on average (not time-scaled)"
               if g.transit_ms > 0 else "")
         lines += ["", f"{kv}{pre}; request errors: {errs}; the twin replayed the "
                   f"{g.twin_arrivals_from}{tr}.", ""]

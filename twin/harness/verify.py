@@ -135,15 +135,25 @@ def _twin_on_sent(g: GpuWorkload, arrival: np.ndarray, adapter: np.ndarray, inl:
     return reqs, first, finish, run, rm
 
 
-def transit_wall_s(results: Sequence[RequestResult], time_scale: float) -> float:
-    """Wall seconds of a request's TTFT that are transport, not serving (loopback HTTP, event
-    loops): the median of client TTFT minus the server's own TTFT over the scale, when the
-    server reports it (``twin serve``); else 0. A real GPU server has this transport too, at its
-    wall value, so when the time scale converts wall to twin time only the served part is
-    multiplied (at ``time_scale`` 1 nothing changes)."""
-    d = [r.first_t - r.send_t - r.server_ttft_s / time_scale for r in results
-         if r.ok and r.server_ttft_s is not None and math.isfinite(r.server_ttft_s)]
-    return max(float(np.median(d)), 0.0) if d and time_scale != 1.0 else 0.0
+def transit_wall_s(results: Sequence[RequestResult], time_scale: float) -> np.ndarray:
+    """Wall seconds of each request's TTFT that are transport, not serving (loopback HTTP, event
+    loops): client TTFT minus the server's own TTFT over the scale, when the server reports it
+    (``twin serve``); the median of those for a request without the server's figure; else 0. A
+    real GPU server has this transport too, at its wall value, so when the time scale converts
+    wall to twin time only the served part is multiplied (at ``time_scale`` 1 nothing changes).
+    Per request, not one median: on a busy machine the client's event loop delays a few first
+    tokens by milliseconds, and multiplied by the scale those would read as serving time."""
+    out = np.zeros(len(results))
+    if time_scale == 1.0:
+        return out
+    have = np.array([r.ok and r.server_ttft_s is not None and math.isfinite(r.server_ttft_s)
+                     for r in results], bool)
+    d = np.array([r.first_t - r.send_t - r.server_ttft_s / time_scale if h else np.nan
+                  for r, h in zip(results, have)], float)
+    if have.any():
+        out[have] = np.maximum(d[have], 0.0)
+        out[~have] = max(float(np.median(d[have])), 0.0)
+    return out
 
 
 def twin_arrivals(send_twin_s: np.ndarray, results: Sequence[RequestResult], time_scale: float
@@ -242,7 +252,7 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
         inl = g.requests.input_len[ks].astype(float)
         outl = g.requests.output_len[ks].astype(float)
         transit = transit_wall_s(mine, time_scale)
-        first = np.array([arr[i] + (r.first_t - r.send_t - transit) * time_scale + transit
+        first = np.array([arr[i] + (r.first_t - r.send_t - transit[i]) * time_scale + transit[i]
                           if r.ok else np.nan for i, r in enumerate(mine)], float)
         finish = np.array([first[i] + (r.finish_t - r.first_t) * time_scale
                            if r.ok else np.nan for i, r in enumerate(mine)], float)
@@ -279,7 +289,8 @@ def run_verify(workload: PlanWorkload, urls: Sequence[str], time_scale: float = 
         outcomes.append(GpuOutcome(g.gpu, url, g.max_loras, g.max_lora_rank, len(g.adapters),
                                    measured, twin, errors, kv, run.kv_blocks * load_profile(
                                        g.profile).block_size, pre, int(rm.preemptions),
-                                   arrivals_from, 1000.0 * transit, lag))
+                                   arrivals_from,
+                                   1000.0 * float(transit.mean()) if len(transit) else 0.0, lag))
         for key, v in (("arr", arr), ("in", inl), ("out", outl), ("first", first),
                        ("finish", finish), ("gaps", gaps)):
             pooled_m[key].append(v)
