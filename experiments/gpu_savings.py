@@ -57,7 +57,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from optim.feasibility import raise_bound_to, twin_lower_bound
-from optim.instance import Instance, load_instance
+from optim.instance import Instance, InstanceError, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
 from .common import REPO, RowStore, git_commit
@@ -345,6 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no paper instances under {a.instances}", file=sys.stderr)
         return 2
     paths = select_instances(paths, a.quick)
+    try:                               # every file checked before any work
+        loaded = {p: load_instance(p) for p in paths}
+    except InstanceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     methods = (a.methods.split(",") if a.methods
                else [m for m in method_names() if m not in EXACT_ONLY])
     for m in methods:
@@ -363,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             print(f"error: --rebound {a.rebound}: rows lack {sorted(missing)}", file=sys.stderr)
             return 2
-        by_name = {load_instance(p).name: p for p in paths}
+        by_name = {loaded[p].name: p for p in paths}
         unknown = sorted(set(old["instance"]) - set(by_name))
         if unknown:
             print(f"error: --rebound: instances not under {a.instances}: {unknown[:5]}",
@@ -372,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods = list(dict.fromkeys(old["method"]))
         paths = [by_name[n] for n in dict.fromkeys(old["instance"])]
         for name, part in tqdm(old.groupby("instance", sort=False), desc="bounds", unit="inst"):
-            lb, one = rebound(load_instance(by_name[name]), part, a.workers, a.pair_checks)
+            lb, one = rebound(loaded[by_name[name]], part, a.workers, a.pair_checks)
             rows += [{**r, "lb": lb, "lb_one": one} for r in part.to_dict(orient="records")]
         paths_iter: list[Path] = []
     else:
@@ -380,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = RowStore(Path(a.store)) if a.store else None
     commit = git_commit()
     for path in tqdm(paths_iter, desc="instances", unit="inst"):
-        inst = load_instance(path)
+        inst = loaded[path]
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
         rows += solve_point(inst, methods, dur, a.max_extra, a.pair_checks, a.workers, store,
