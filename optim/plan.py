@@ -193,9 +193,20 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
         else:
             gid = resolve_gpu(gpu, model)
             gpus = [_gpu_entry(gid, model, _default_count(path, gid, model, stem, base), None)]
-        return instance_from_dict({**base, "gpus": gpus}, str(path), path.parent)
+        inst = instance_from_dict({**base, "gpus": gpus}, str(path), path.parent)
     except InstanceError as e:
         raise PlanError(str(e)) from None
+    _check_ranks(inst, path)
+    return inst
+
+
+def _check_ranks(inst: Instance, path: Path) -> None:
+    """``PlanError`` naming the CSV's column when an adapter's rank starts on no GPU type of the
+    plan: bad input, refused before the lower bound spends its first replay."""
+    from .feasibility import precheck
+    bad = [r for r in precheck(inst, allow_split=True).reasons if r.code == "rank_unsupported"]
+    if bad:
+        raise PlanError(f"{path}: column 'rank': {bad[0].message}")
 
 
 def _class_members(path: Path, slo_classes: Sequence[tuple[str, dict[str, float]]]

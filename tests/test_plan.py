@@ -64,6 +64,10 @@ def test_plan_instance_from_csv(tmp_path):
     bad = _csv(tmp_path, [("a", 8, -1.0)], "bad.csv")
     with pytest.raises(PlanError, match="bad.csv.*rate"):
         plan_instance(bad)
+    # a rank no GPU type of the plan starts: refused with the column, before any twin work
+    odd = _csv(tmp_path, [("a", 8, 1.0), ("b", 7, 1.0)], "odd.csv")
+    with pytest.raises(PlanError, match=r"odd.csv: column 'rank': .*\[7\].*supported: \[8, 16, 32\].*: b"):
+        plan_instance(odd)
 
 
 def test_amax_points():
