@@ -1026,6 +1026,14 @@ def load_plan(path: str | Path) -> Placement:
             if not isinstance(a, dict) or any(k not in a for k in ("id", "rank", "rate", "share")):
                 raise DeployError(f"plan {p}: field 'gpus[{i}].adapters[{j}]' needs id, rank, "
                                   "rate and share")
+            q = a["rate"]
+            if (isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q)
+                    or q <= 0):
+                raise DeployError(f"plan {p}: field 'gpus[{i}].adapters[{j}].rate' must be a "
+                                  f"finite number of requests/s > 0, got {q!r}")
+            if not _int_like(a["rank"]) or int(a["rank"]) < 1:
+                raise DeployError(f"plan {p}: field 'gpus[{i}].adapters[{j}].rank' must be an "
+                                  f"integer >= 1, got {a['rank']!r}")
             s = a["share"]
             if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 1:
                 raise DeployError(f"plan {p}: field 'gpus[{i}].adapters[{j}].share' must be in "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -638,3 +639,22 @@ def test_full_disk_names_the_file(tmp_path, split_plan, monkeypatch):
         write_deployment(split_plan, out)
     assert str(e.value) == f"--out {out}/routing.csv: cannot write: no space left on device"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("rate", -1.0, r"'gpus\[0\]\.adapters\[0\]\.rate' must be a finite number of requests/s > 0, "
+                   r"got -1\.0"),
+    ("rate", "fast", r"'gpus\[0\]\.adapters\[0\]\.rate' must be a finite number"),
+    ("rank", 0, r"'gpus\[0\]\.adapters\[0\]\.rank' must be an integer >= 1, got 0"),
+    ("rank", 8.5, r"'gpus\[0\]\.adapters\[0\]\.rank' must be an integer >= 1, got 8\.5"),
+])
+def test_bad_adapter_fields_of_a_plan_name_the_field(tmp_path, capsys, split_plan, field, value,
+                                                     why):
+    d = _plan_dict(split_plan)
+    d["gpus"][0]["adapters"][0][field] = value
+    plan = tmp_path / "bad-plan.json"
+    plan.write_text(json.dumps(d))
+    assert main(["deploy", str(plan), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(why, err), err
+    assert not (tmp_path / "out").exists()
