@@ -30,7 +30,7 @@ from twin.workload import Adapter
 
 from .capacity import adapter_kv_cost, backbone_max_throughput, lora_max_throughput
 from .instance import GpuType, Instance
-from .methods import MethodOptions, register_method
+from .registry import MethodOptions
 from .objectives import Objective
 from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 
@@ -420,15 +420,3 @@ def loraserve(inst: Instance, objective: Objective, options: MethodOptions) -> P
     split = sum(1 for aid in tot if sum(1 for s in shares if aid in s) > 1)
     notes = (f"rank budgets {dict(sorted(budgets.items()))}; {split} adapter(s) split",)
     return _finish(inst, "loraserve", plans, fleet.over_pool, params, notes)
-
-
-register_method("maxbase", maxbase, objectives=("gpus", "cost"),
-                description="first fit to the backbone max throughput, Amax = N")
-register_method("maxbase-half", maxbase_half, objectives=("gpus", "cost"),
-                description="MaxBase with Amax = ceil(N/2)")
-register_method("random", random_placement, objectives=("gpus", "cost", "latency"),
-                fixed_fleet=True, description="uniform GPU per adapter, Amax uniform in [1, N]")
-register_method("dlora", dlora, objectives=("gpus", "cost", "latency"), fixed_fleet=True,
-                splits=True, description="dLoRA proactive replication, uniform request split")
-register_method("loraserve", loraserve, objectives=("gpus", "cost", "latency"), fixed_fleet=True,
-                splits=True, description="rank-aware GPU budgets, fractional packing")

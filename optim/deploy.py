@@ -92,8 +92,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .placement import GpuPlan, Placement
+from .served_model import VLLM_VERSION, DeployError, ServedModel, served_model
 
-VLLM_VERSION = "0.8.5"          # the release the shipped profiles were measured on (default)
 VLLM_CURRENT = "0.33.0"         # the current vLLM release line (0.33) when this was written
 DEFAULT_BASE_PORT = 8000
 DEFAULT_GPUS_PER_HOST = 8
@@ -112,10 +112,6 @@ GIE_X_API = "inference.networking.x-k8s.io/v1alpha2"    # InferenceObjective / M
 GIE_V1_MAX_PORTS = 8                                    # InferencePool.spec.targetPorts maxItems
 KSERVE_API = "serving.kserve.io/v1alpha2"
 LLMD_API = "llm-d.ai/v1alpha1"
-
-
-class DeployError(ValueError):
-    """A plan or option that cannot be deployed; the message names the field or option."""
 
 
 # ----------------------------------------------------------------------------- releases
@@ -239,77 +235,6 @@ def vllm_target_name(version: str) -> str:
 def _target_version(name: str) -> str:
     v = name.removeprefix("vllm-")
     return next(k for k in VLLM_RELEASES if k == v or k.rsplit(".", 1)[0] == v)
-
-
-# ----------------------------------------------------------------------------- served model
-@dataclass(frozen=True)
-class ServedModel:
-    """The model id vLLM loads and the server settings for one profile, with where they come
-    from (``source``: ``profile``, ``--model-id`` or ``assumed``); ``env`` is the measured
-    release's environment, ``vllm_version`` that release (``vllm_version_source`` says
-    whether the profile names it)."""
-
-    profile: str
-    model_id: str
-    model_id_source: str
-    settings_source: str
-    env: tuple[tuple[str, str], ...]
-    flags: tuple[str, ...]
-    engine: str = "v1"
-    vllm_version: str = VLLM_VERSION
-    vllm_version_source: str = "profile"
-
-
-def served_model(profile_name: str, model_id: str | None = None) -> ServedModel:
-    """Model id and calibrated server flags of ``profile_name`` (module docstring); raises
-    ``DeployError`` when no model id is known and ``model_id`` is not given."""
-    from twin.profile import ProfileError, load_profile
-    try:
-        prof = load_profile(profile_name)
-    except (FileNotFoundError, ProfileError) as e:
-        raise DeployError(f"profile {profile_name!r} of the plan: {e}") from None
-    serving = {} if prof.is_derived else dict(prof.serving)
-    if model_id is not None:
-        if not model_id.strip():
-            raise DeployError("--model-id: empty model id")
-        mid, mid_src = model_id.strip(), "--model-id"
-    elif serving:
-        mid, mid_src = serving["model_id"], "profile"
-    else:
-        mid = _catalog_model_id(prof.model)
-        if mid is None:
-            raise DeployError(
-                f"profile {prof.name!r}: no 'serving.model_id' and model {prof.model!r} is not in "
-                "the model catalog; give the model id vLLM should load with --model-id")
-        mid_src = (f"assumed (model catalog entry of {prof.model!r}; profile has no "
-                   "serving.model_id)")
-    settings_src = "profile" if serving else \
-        "assumed (profile has no 'serving' mapping: what the twin models, vLLM default memory 0.9)"
-    gmu = float(serving.get("gpu_memory_utilization", 0.9))
-    chunked = bool(serving.get("enable_chunked_prefill", True))
-    prefix = bool(serving.get("enable_prefix_caching", False))
-    flags = ["--gpu-memory-utilization", f"{gmu:g}",
-             "--max-num-batched-tokens", str(prof.max_num_batched_tokens),
-             "--max-num-seqs", str(prof.max_num_seqs),
-             "--max-model-len", str(prof.max_model_len),
-             "--dtype", str(serving.get("dtype", "auto")),
-             "--enable-chunked-prefill" if chunked else "--no-enable-chunked-prefill",
-             "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching"]
-    engine = str(serving.get("engine", "v1")).lower()
-    env = (("VLLM_USE_V1", "1" if engine == "v1" else "0"),)
-    version = serving.get("vllm_version")
-    vsrc = "profile" if version else f"assumed ({VLLM_VERSION}: the profile names no vllm_version)"
-    return ServedModel(prof.name, mid, mid_src, settings_src, env, tuple(flags), engine,
-                       str(version or VLLM_VERSION), vsrc)
-
-
-def _catalog_model_id(model: str) -> str | None:
-    try:
-        from twin.model_configs import load_models
-        cfg = load_models().get(model)
-    except (OSError, ValueError):
-        return None
-    return cfg.hf_repo if cfg is not None and cfg.hf_repo else None
 
 
 def max_cpu_loras(g: GpuPlan, given: int | None = None) -> int:

@@ -82,7 +82,7 @@ from twin.workload import Adapter
 
 from .balance import balanced_members
 from .instance import GpuType, Instance
-from .methods import MethodOptions, register_method
+from .registry import MethodOptions
 from .objectives import Objective
 from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 from .slo_capacity import SloCapacity, measure_slo_capacity
@@ -723,9 +723,3 @@ def _better(a: Placement, b: Placement, obj: Objective) -> bool:
     if b.verdict != "accepted" or b.status != "solved":
         return True
     return obj.value(a) < obj.value(b)
-
-
-register_method("greedy", greedy, objectives=("gpus", "cost", "energy"), repairs=True,
-                max_homes=True,
-                description="Maxpack first-fit decreasing with fast-surrogate testing points; "
-                            "twin repair with --verify")

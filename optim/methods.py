@@ -2,13 +2,13 @@
 
 A method is a function ``fn(instance, objective, options) -> Placement`` registered under a name
 with ``register_method``. ``solve`` runs the infeasibility pre-checks, the method (timed),
-scores the result with the objective, and optionally verifies it in the twin. Baselines register
-themselves on import of ``optim.baselines``; ``greedy``, ``milp``, ``cpsat`` and ``auto`` plug in
-the same way::
+scores the result with the objective, and optionally verifies it in the twin. The built-in
+methods (the baselines, ``greedy``, ``milp``, ``cpsat`` and ``auto``) are registered here, in one
+place, the first time the registry is asked (``_load_builtin``); a new method plugs in the same
+way::
 
     from optim.methods import register_method
-    register_method("greedy", greedy_fn, objectives=("gpus", "cost", "latency"),
-                    description="FFD Maxpack with the surrogate")
+    register_method("mine", my_fn, objectives=("gpus", "cost"), description="...")
 
 Replication. An instance's ``max_homes`` k (``--max-homes``) lets the methods registered with
 ``max_homes=True`` (greedy, milp, cpsat, auto) route one adapter to up to k GPUs with weights
@@ -20,63 +20,18 @@ Other methods ignore it (a note says so).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from dataclasses import replace
 
-from .feasibility import FeasibilityReport, Reason, precheck
+from .feasibility import precheck
+from .feasibility_report import FeasibilityReport, Reason
 from .instance import Instance
 from .objectives import Objective, make_objective
 from .placement import Placement
+from .registry import (_REGISTRY, MethodFn, MethodInfo, MethodOptions,  # noqa: F401
+                       register_method)
 from .verify import verify as twin_verify
 
-
-@dataclass(frozen=True)
-class MethodOptions:
-    """Run options: ``n_gpus`` (fleet size for fixed-fleet methods; ``None`` = the method's
-    default), ``seed`` (``None`` = the instance's), ``time_limit_s`` (``None`` = the instance's
-    solver limit), ``extra`` (method-specific settings)."""
-
-    n_gpus: int | None = None
-    seed: int | None = None
-    time_limit_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-MethodFn = Callable[[Instance, Objective, MethodOptions], Placement]
-
-
-@dataclass(frozen=True)
-class MethodInfo:
-    """A registered method: ``fixed_fleet`` methods place onto a given number of GPUs instead of
-    choosing it; ``splits`` methods may route one adapter to several GPUs; ``max_homes``
-    methods do so within the instance's ``max_homes`` (and not at all when it is 1)."""
-
-    name: str
-    fn: MethodFn
-    objectives: frozenset[str]
-    fixed_fleet: bool = False
-    splits: bool = False
-    description: str = ""
-    repairs: bool = False
-    max_homes: bool = False
-
-
-_REGISTRY: dict[str, MethodInfo] = {}
-
-
-def register_method(name: str, fn: MethodFn, *, objectives: tuple[str, ...] = ("gpus",),
-                    fixed_fleet: bool = False, splits: bool = False, description: str = "",
-                    replace: bool = False, repairs: bool = False,
-                    max_homes: bool = False) -> MethodInfo:
-    """Register ``fn`` under ``name`` (``replace=True`` to override an existing entry)."""
-    if not name or not name.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"method name must be alphanumeric (with - or _), got {name!r}")
-    if name in _REGISTRY and not replace:
-        raise ValueError(f"method '{name}' is already registered")
-    info = MethodInfo(name, fn, frozenset(objectives), fixed_fleet, splits, description, repairs,
-                      max_homes)
-    _REGISTRY[name] = info
-    return info
+_BUILTIN_LOADED = False
 
 
 def get_method(name: str) -> MethodInfo:
@@ -92,10 +47,44 @@ def method_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from . import baselines  # noqa: F401  (registers the baselines)
-    from .exact.register import register as _register_exact
-    _register_exact()        # milp, cpsat, auto
-    from . import greedy  # noqa: F401  (registers greedy)
+    """Register the built-in methods, once: the one place that lists them."""
+    global _BUILTIN_LOADED
+    if _BUILTIN_LOADED:
+        return
+    _BUILTIN_LOADED = True
+    from .baselines import dlora, loraserve, maxbase, maxbase_half, random_placement
+    from .exact.methods import auto, exact_method
+    from .greedy import greedy
+    builtin = [
+        ("maxbase", maxbase, dict(objectives=("gpus", "cost"),
+                                  description="first fit to the backbone max throughput, Amax = N")),
+        ("maxbase-half", maxbase_half, dict(objectives=("gpus", "cost"),
+                                            description="MaxBase with Amax = ceil(N/2)")),
+        ("random", random_placement, dict(objectives=("gpus", "cost", "latency"), fixed_fleet=True,
+                                          description="uniform GPU per adapter, Amax uniform in "
+                                                      "[1, N]")),
+        ("dlora", dlora, dict(objectives=("gpus", "cost", "latency"), fixed_fleet=True,
+                              splits=True,
+                              description="dLoRA proactive replication, uniform request split")),
+        ("loraserve", loraserve, dict(objectives=("gpus", "cost", "latency"), fixed_fleet=True,
+                                      splits=True,
+                                      description="rank-aware GPU budgets, fractional packing")),
+        ("milp", exact_method("milp", "milp"), dict(
+            objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
+            description="exact MILP (Pyomo + HiGHS), twin in the loop")),
+        ("cpsat", exact_method("cpsat", "cpsat"), dict(
+            objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
+            description="exact CP-SAT (OR-Tools), twin in the loop")),
+        ("auto", auto, dict(objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
+                            description="cpsat on small instances, else greedy")),
+        ("greedy", greedy, dict(objectives=("gpus", "cost", "energy"), repairs=True,
+                                max_homes=True,
+                                description="Maxpack first-fit decreasing with fast-surrogate "
+                                            "testing points; twin repair with --verify")),
+    ]
+    for name, fn, kw in builtin:
+        if name not in _REGISTRY:          # a user's registration of the name is kept
+            register_method(name, fn, **kw)
 
 
 def solve(inst: Instance, method: str, objective: str | Objective | None = None,

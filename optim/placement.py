@@ -27,7 +27,7 @@ from twin.metrics import RunMetrics
 from twin.server import Judging, ServerConfig
 from twin.workload import Adapter
 
-from .feasibility import FeasibilityReport, Reason
+from .feasibility_report import FeasibilityReport, Reason
 
 STATUSES = ("solved", "optimal", "over_pool", "failed", "infeasible")
 
@@ -358,13 +358,13 @@ class Placement:
         ``command`` is the command to run: it serves ``model_id`` (the profile's served
         model id, ``model`` when given, else the model catalog's, said in ``model_id_source``)
         with the server settings the profile was calibrated with (``server_args``, ``env``;
-        ``optim.deploy.served_model``); ``serve_command`` is the same string. When no model id
+        ``optim.served_model.served_model``); ``serve_command`` is the same string. When no model id
         is known both are ``None`` and ``model_id_source`` says why (give ``model``): a command
         naming the profile, which vLLM cannot load, is never written. ``model`` is the
         profile's base-model name."""
         from twin.profile import load_profile
 
-        from .deploy import served_model
+        from .served_model import served_model
 
         out = []
         for i, g in enumerate(self.gpus):

@@ -12,7 +12,8 @@ import pytest
 from twin.arrivals import (ActiveWindow, Diurnal, FlashCrowd, MarkovModulatedArrivals,
                            ProductShape, ShapedArrivals, StepDrift, WorkloadError, load_workload,
                            workload_from_dict)
-from twin.workload import GammaArrivals, PoissonArrivals, arrival_process_from_dict
+from twin.arrivals import arrival_process_from_dict
+from twin.workload import GammaArrivals, PoissonArrivals
 
 T = 2000.0
 RATE = 5.0

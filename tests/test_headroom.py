@@ -63,7 +63,7 @@ def test_the_derivation_reads_only_the_max_search_file(tmp_path, monkeypatch):
                                                                     (192, 256)] * 4)]
     pd.DataFrame(rows, columns=cols).to_csv(data / HR.MAXSEARCH_CSV, index=False)
     pd.DataFrame(rows, columns=cols).to_csv(data / HR.VALIDATION_CSV, index=False)
-    import experiments.twin_fidelity as TF
+    import twin.shared_runs as TF
 
     def fake_replay(cfg, seed=0, io_correlation=None, client_latency=True):
         return {"throughput_tps": 1010.0, "offered_realised_tps": 1000.0, "starved": False,

@@ -115,7 +115,7 @@ def test_the_adjustment_never_changes_throughput_or_mean_itl(tail):
 def test_the_fidelity_replay_applies_the_committed_constants_only_to_latencies():
     """experiments.twin_fidelity replays with the client's latencies; simulate_server itself
     still reports the engine's (the model is opt-in through compute_metrics)."""
-    from experiments.twin_fidelity import replay_run
+    from twin.shared_runs import replay_run
     tail = LT.latency_tail_for(LLAMA)
     if tail is None:
         pytest.skip("no constants committed for the Llama profile")

@@ -15,7 +15,7 @@ the real run):
   throughput < ``SATURATED_RATIO`` x its realised offered load), else ``keeps-up``.
 
 Derivation (``fit_headroom``): per max-search run ``e = (twin - real) / real`` throughput (the
-twin replays the run from its configuration columns with ``experiments.twin_fidelity
+twin replays the run from its configuration columns with ``twin.shared_runs
 .replay_run``, seed 0, engine latencies); per regime ``h`` = the ``QUANTILE`` (90th percentile)
 of ``max(e, 0)`` over its runs. A regime with fewer than ``MIN_RUNS`` runs falls back to its
 parent, in the order (slots, swapping, load) -> (slots, swapping) -> (slots) -> overall; the
@@ -250,14 +250,13 @@ def describe(profile, max_loras: int, served_adapters: int, m, threshold: float 
 
 
 def replay_csv(path, workers: int = 1, progress: bool = True):
-    """Replay every ok run of a shared-format CSV in the twin (``experiments.twin_fidelity
+    """Replay every ok run of a shared-format CSV in the twin (``twin.shared_runs
     .replay_run``, seed 0, engine latencies) on ``workers`` processes; a table of the real
     and the twin's throughput, offered load and verdict per run, in the file's order."""
     import pandas as pd
     from tqdm import tqdm
 
-    from experiments.twin_fidelity import CONFIG_COLUMNS, replay_run
-
+    from .shared_runs import CONFIG_COLUMNS, replay_run
     from .slot_fit import counts_agree
 
     df = pd.read_csv(path)

@@ -501,13 +501,14 @@ ArrivalProcess = PoissonArrivals | GammaArrivals | LognormalArrivals | RateSwitc
 
 
 def arrival_process_from_dict(d: dict) -> ArrivalProcess:
-    """Inverse of ``describe()``: ``{"kind": "poisson" | "gamma" | "lognormal" | "rate_switching",
-    ...}``; ``markov_modulated`` and ``shaped`` (non-stationary) are built by :mod:`twin.arrivals`."""
+    """Inverse of ``describe()`` for the stationary processes: ``{"kind": "poisson" | "gamma" |
+    "lognormal" | "rate_switching", ...}``. ``twin.arrivals.arrival_process_from_dict`` reads
+    every kind, the non-stationary ``markov_modulated`` and ``shaped`` too (they live there)."""
     if not isinstance(d, dict) or "kind" not in d:
         raise ValueError(f"arrival process: expected a dict with a 'kind' field, got {d!r}")
-    if d["kind"] in ("markov_modulated", "shaped"):      # non-stationary processes live in twin.arrivals
-        from .arrivals import nonstationary_from_dict
-        return nonstationary_from_dict(d, "arrival process")
+    if d["kind"] in ("markov_modulated", "shaped"):
+        raise ValueError(f"arrival process: kind {d['kind']!r} is non-stationary: read it with "
+                         "twin.arrivals.arrival_process_from_dict")
     kinds = {"poisson": (PoissonArrivals, set(), set()), "gamma": (GammaArrivals, {"cv"}, set()),
              "lognormal": (LognormalArrivals, {"cv"}, set()),
              "rate_switching": (RateSwitchingArrivals, {"multipliers", "period_s"}, {"random_phase"})}

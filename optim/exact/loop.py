@@ -82,19 +82,18 @@ def heuristic_solution(inst: Instance, objective, P: PackingProblem, verify: boo
                        duration_s: float | None = None, workers: int | None = None
                        ) -> tuple[str | None, list[tuple[int, list[int]]] | None,
                                   Placement | None]:
-    """(method name, solution as (type index, adapter indices) per GPU, the placement) from the
-    best available heuristic: ``greedy`` when registered, else ``maxbase``. With ``verify`` the
-    heuristic runs as ``optim solve --verify`` runs it (twin repair, compaction), so an accepted
-    placement is a twin-accepted incumbent. The solution is ``None`` when the heuristic splits
-    adapters or fails."""
-    from ..methods import MethodOptions, get_method, method_names
-    name = "greedy" if "greedy" in method_names() else "maxbase"
-    info = get_method(name)
+    """(method name, solution as (type index, adapter indices) per GPU, the placement) from
+    greedy. With ``verify`` it runs as ``optim solve --verify`` runs it (twin repair,
+    compaction), so an accepted placement is a twin-accepted incumbent. The solution is ``None``
+    when greedy splits adapters or fails."""
+    from ..greedy import greedy
+    from ..registry import MethodOptions
+    name = "greedy"
     extra = {}
-    if verify and info.repairs:
+    if verify:
         extra = {"repair": True, "duration_s": duration_s, "workers": workers}
     try:
-        p = info.fn(inst, objective, MethodOptions(seed=inst.seed, extra=extra))
+        p = greedy(inst, objective, MethodOptions(seed=inst.seed, extra=extra))
         if verify and p.gpus and p.verdict is None:
             p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
     except Exception:       # a heuristic failing must not stop the exact method

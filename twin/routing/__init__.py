@@ -13,8 +13,9 @@
 from .fleet_sim import (PlanSwitch, RoutedFleetResult, RoutedGpu, RoutingPlan, SwitchLog,
                         simulate_routed)
 from .learned import LearnedRouter
+from .factory import ROUTER_NAMES, make_router
 from .policies import (AffinityLoadRouter, LeastOutstandingRouter, Router, StaticWeightsRouter,
-                       UniformRouter, make_router, ROUTER_NAMES)
+                       UniformRouter)
 from .snapshot import GpuSnapshot, RouteRequest
 
 __all__ = ["PlanSwitch", "RoutedFleetResult", "RoutedGpu", "RoutingPlan", "SwitchLog",

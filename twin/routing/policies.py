@@ -22,7 +22,6 @@ import numpy as np
 
 from .snapshot import GpuSnapshot, RouteRequest
 
-ROUTER_NAMES = ("static", "uniform", "least_outstanding", "affinity", "learned")
 
 
 class Router(Protocol):
@@ -106,15 +105,3 @@ class AffinityLoadRouter(_Seeded):
 
     def route(self, request: RouteRequest, snapshots: Sequence[GpuSnapshot]) -> int:
         return self._argmin([self.score(s) for s in snapshots], snapshots)
-
-
-def make_router(name: str, seed: int, **options) -> Router:
-    """A router by name (one of :data:`ROUTER_NAMES`)."""
-    from .learned import LearnedRouter
-
-    classes = {"static": StaticWeightsRouter, "uniform": UniformRouter,
-               "least_outstanding": LeastOutstandingRouter, "affinity": AffinityLoadRouter,
-               "learned": LearnedRouter}
-    if name not in classes:
-        raise ValueError(f"router: unknown policy {name!r} (expected one of {list(ROUTER_NAMES)})")
-    return classes[name](seed, **options)

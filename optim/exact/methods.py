@@ -1,8 +1,8 @@
-"""Registers ``milp``, ``cpsat`` and ``auto`` in the method registry (``optim.methods``).
+"""The exact methods ``milp``, ``cpsat`` and ``auto`` as registry entries (``optim.methods``
+registers them with the other built-ins).
 
 ``auto`` runs CP-SAT (exact, twin in the loop) on small instances — at most
-``AUTO_MAX_ADAPTERS`` adapters and ``AUTO_MAX_GPUS`` GPUs in the pool — and beyond that the best
-available heuristic: ``greedy`` when registered, else ``maxbase``.
+``AUTO_MAX_ADAPTERS`` adapters and ``AUTO_MAX_GPUS`` GPUs in the pool — and greedy beyond.
 
 Method options (``MethodOptions.extra``): ``threads``, ``warm_start`` (bool), ``cut_mode``
 (``capacity`` (default) / ``exact`` / ``superset``), ``max_iterations``, ``incumbent`` (a
@@ -17,7 +17,7 @@ variables of ``problem``), except on instances with configurations (catalog GPU 
 from __future__ import annotations
 
 from ..instance import Instance
-from ..methods import MethodOptions, get_method, method_names, register_method
+from ..registry import MethodOptions
 from ..placement import Placement
 from .loop import solve_exact
 
@@ -25,7 +25,9 @@ AUTO_MAX_ADAPTERS = 64
 AUTO_MAX_GPUS = 16
 
 
-def _run(solver: str, name: str):
+def exact_method(solver: str, name: str):
+    """The registry function of an exact method: ``solver`` (``milp`` / ``cpsat``) reported as
+    ``name``."""
     def fn(inst: Instance, objective, options: MethodOptions) -> Placement:
         ex = options.extra
         configs = inst.uses_configurations or objective.name == "energy"
@@ -49,30 +51,16 @@ def _run(solver: str, name: str):
 
 
 def auto(inst: Instance, objective, options: MethodOptions) -> Placement:
+    """CP-SAT on a small instance, greedy (with its twin repair when verifying) beyond."""
     small = len(inst.adapters) <= AUTO_MAX_ADAPTERS and inst.total_gpus_available <= AUTO_MAX_GPUS
     if small:
-        p = _run("cpsat", "auto")(inst, objective, options)
+        p = exact_method("cpsat", "auto")(inst, objective, options)
         return p.with_(notes=p.notes + ("auto: exact (cpsat) for a small instance",))
-    name = "greedy" if "greedy" in method_names() else "maxbase"
-    info = get_method(name)
-    if options.extra.get("verify") and info.repairs:   # as optim.methods.solve asks greedy
+    from ..greedy import greedy
+    if options.extra.get("verify"):   # as optim.methods.solve asks greedy: twin repair
         options = MethodOptions(options.n_gpus, options.seed, options.time_limit_s,
                                 {"repair": True, **options.extra})
-    p = info.fn(inst, objective, options)
-    return p.with_(method="auto", notes=p.notes + (f"auto: heuristic '{name}' beyond "
+    p = greedy(inst, objective, options)
+    return p.with_(method="auto", notes=p.notes + (f"auto: heuristic 'greedy' beyond "
                                                    f"{AUTO_MAX_ADAPTERS} adapters / "
                                                    f"{AUTO_MAX_GPUS} GPUs",))
-
-
-def register() -> None:
-    from .. import methods
-    if "milp" not in methods._REGISTRY:
-        register_method("milp", _run("milp", "milp"),
-                        objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
-                        description="exact MILP (Pyomo + HiGHS), twin in the loop")
-        register_method("cpsat", _run("cpsat", "cpsat"),
-                        objectives=("gpus", "cost", "latency", "energy"), max_homes=True,
-                        description="exact CP-SAT (OR-Tools), twin in the loop")
-        register_method("auto", auto, objectives=("gpus", "cost", "latency", "energy"),
-                        max_homes=True,
-                        description="cpsat on small instances, else greedy (or maxbase)")
