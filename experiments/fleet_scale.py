@@ -43,7 +43,7 @@ from optim.methods import solve
 from optim.placement import Placement
 from optim.verify import verify
 from twin.fleet import BACKENDS, FleetBackendError, GpuAssignment, check_backend, simulate_fleet
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.profile import load_profile
 from twin.server import ServerConfig, simulate_requests
 from twin.workload import Adapter, generate_requests, offered_token_rate

@@ -70,7 +70,7 @@ SPECS = [
 
 
 def _adapters(n: int, load_tps: float, seed: int, ranks: tuple[int, ...]) -> list[dict]:
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     rng = np.random.default_rng(seed)
     w = rng.lognormal(0.0, 0.8, n)
     lengths = default_lengths()

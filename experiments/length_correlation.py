@@ -8,7 +8,7 @@ fixed (fitted on profiling data); this study varies only the workload's Gaussian
 correlation, picks the value with the lowest throughput SMAPE on the *fit* half of the Llama
 validation runs (the ``rank_16_*`` groups) and reports the *held-out* half (``rank_32_*``), whose
 runs played no part in the choice. The chosen value is the constant
-``twin.lengths.SHAREGPT_IO_CORRELATION``. Last line:
+``twin.sharegpt.SHAREGPT_IO_CORRELATION``. Last line:
 ``best_correlation=<r> fit_throughput_smape=<x> heldout_throughput_smape=<y>
 heldout_throughput_smape_independent=<z>``.
 """

@@ -87,7 +87,7 @@ def drifting_day(n_adapters: int, windows: int, seed: int, duration_s: float) ->
     """The windows of a drifting day (module docstring), generated from ``seed``."""
     from optim.capacity import backbone_max_throughput
     from optim.instance import instance_from_dict
-    from twin.lengths import sharegpt_lengths
+    from twin.sharegpt import sharegpt_lengths
 
     rng = np.random.default_rng(seed)
     lengths = sharegpt_lengths(223.0, 196.3)

@@ -24,7 +24,7 @@ from twin.fleet import worker_pool
 
 
 def _run(cfg: dict) -> dict:
-    from twin.lengths import sharegpt_lengths
+    from twin.sharegpt import sharegpt_lengths
     from twin.profile import load_profile
     from twin.server import ServerConfig, simulate_server
     from twin.workload import Adapter

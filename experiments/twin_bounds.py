@@ -35,7 +35,7 @@ from tqdm import tqdm
 import numpy as np
 
 from optim.capacity import BOUND_SEEDS, carry_limit
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.fleet import GpuAssignment, simulate_fleet
 from twin.server import ServerConfig
 from twin.workload import Adapter

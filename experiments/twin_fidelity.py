@@ -27,7 +27,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments.common import mape, require_file, smape
-from twin.lengths import sharegpt_lengths
+from twin.sharegpt import sharegpt_lengths
 from twin.fleet import worker_pool
 from twin.maxpack import maxpack_search
 from twin.profile import load_profile

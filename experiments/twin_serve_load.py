@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.cli_support import float_above, positive_int, progress, seed_type
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 
 
 def _make_adapters(root: Path, n: int) -> list[str]:

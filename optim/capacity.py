@@ -41,7 +41,8 @@ from typing import Sequence
 import numpy as np
 
 from twin import kernel as K
-from twin.lengths import LengthModel, default_lengths
+from twin.lengths import LengthModel
+from twin.sharegpt import default_lengths
 from twin.metrics import compute_metrics
 from twin.profile import GpuProfile, load_profile
 from twin.server import Judging, ServerConfig, simulate_requests, simulate_server

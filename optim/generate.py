@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.workload import Adapter
 
 from .instance import GpuType, Instance, ObjectiveSpec, SolverLimits, write_instance

@@ -72,7 +72,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from twin.lengths import LengthModel, default_lengths, length_model_from_dict, sharegpt_lengths
+from twin.lengths import LengthModel
+from twin.sharegpt import default_lengths, sharegpt_lengths
+from twin.length_models import length_model_from_dict
 from twin.cli_support import SEED_MAX
 from twin.identifiers import identifier
 from twin.limits import (MAX_ADAPTERS_PER_INSTANCE, MAX_DURATION_S, MAX_REQUESTS_PER_SERVER,

@@ -53,7 +53,7 @@ def read_meta(path: Path | None = None) -> dict:
 def _lengths(spec):
     """The length model of an instance's ``lengths`` spec (None: the twin's ShareGPT model;
     ``{mean_input, mean_output}``: rescaled to those means, as ``optim.instance`` reads it)."""
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     from twin.sharegpt import sharegpt_lengths
     if spec is None:
         return default_lengths()

@@ -185,7 +185,7 @@ def _profile(name: str):
 
 @lru_cache(maxsize=64)
 def _lengths(mean_in: float, mean_out: float):
-    from twin.lengths import sharegpt_lengths
+    from twin.sharegpt import sharegpt_lengths
     return sharegpt_lengths(mean_in, mean_out)
 
 

@@ -15,7 +15,7 @@ from optim.capacity import BOUND_SEEDS, carry_limit
 from optim.feasibility import count_cap
 from optim.instance import instance_from_dict
 from optim.placement import plan_gpu
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.profile import load_profile
 from twin.server import ServerConfig, simulate_server
 from twin.workload import Adapter

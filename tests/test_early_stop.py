@@ -155,7 +155,7 @@ def test_twin_scores_with_the_stop_give_the_same_verdicts():
     from optim.amax_search import twin_scores
     from optim.instance import Instance, GpuType
     from optim.placement import plan_gpu
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     from twin.workload import Adapter
     ads = tuple(Adapter(f"x{i:03d}", 8, 0.35 if i % 3 else 0.9) for i in range(24))
     inst = Instance("early-stop", ads, (GpuType("h100", "llama-3.1-8b-instruct", 1, 0.0),),

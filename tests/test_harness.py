@@ -141,7 +141,7 @@ def test_plan_fixture_is_the_two_gpu_plan(tmp_path):
 def test_plan_workload_is_the_fleet_twins_workload(tmp_path):
     """Each GPU's requests are the ones twin.fleet draws (rate x share, seed + GPU index)."""
     from twin.harness.plan_workload import plan_workload
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
 
     wl = plan_workload(two_gpu_plan(tmp_path / "p.json"), duration_s=300.0, seed=7)
     assert [len(g.adapters) for g in wl.gpus] == [8, 8]

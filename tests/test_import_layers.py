@@ -1,6 +1,6 @@
 """Import layers: ``optim`` has no import circles (function-level imports count: they are
-circles all the same, only deferred), ``twin`` never imports the studies in ``experiments``,
-and the routing policies are listed above the policies they build."""
+circles all the same, only deferred), nor have the twin's routing, length-model and arrival
+modules, and ``twin`` never imports the studies in ``experiments``."""
 
 from __future__ import annotations
 
@@ -83,9 +83,11 @@ def test_optim_has_no_import_circles():
     assert circles == []
 
 
-def test_twin_routing_has_no_import_circles():
+def test_twin_routing_lengths_and_arrivals_have_no_import_circles():
     graph = _module_graph(("twin",))
-    assert [c for c in _cycles(graph) if any(m.startswith("twin.routing") for m in c)] == []
+    near = ("twin.routing", "twin.lengths", "twin.sharegpt", "twin.length_models",
+            "twin.arrivals", "twin.workload")
+    assert [c for c in _cycles(graph) if any(m.startswith(near) for m in c)] == []
 
 
 def test_the_twin_never_imports_the_studies():

@@ -12,7 +12,7 @@ import pytest
 
 from twin import kernel as K
 from twin import latency_tail as LT
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.metrics import _hist_quantile, compute_metrics
 from twin.profile import load_profile
 from twin.server import ServerConfig, run_kernel, simulate_server

@@ -12,15 +12,9 @@ from experiments.common import shared_data_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.lengths import (
-    ClippedNormalLengths,
-    EmpiricalLengths,
-    FixedLengths,
-    fit_sharegpt_histogram,
-    length_model_from_dict,
-    load_length_model,
-    sharegpt_lengths,
-)
+from twin.length_models import length_model_from_dict, load_length_model
+from twin.lengths import ClippedNormalLengths, EmpiricalLengths, FixedLengths
+from twin.sharegpt import fit_sharegpt_histogram, sharegpt_lengths
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from optim.instance import instance_from_dict
 from optim.methods import solve
 from tests.slot_profiles import four_slot_profile
 from twin.fleet import GpuAssignment, simulate_fleet
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.server import ServerConfig
 from twin.workload import Adapter
 

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.common import shared_data_dir
 from twin.calibrate import RANK_RUNS, calibrate, fit_rank_scale, run_step_features
-from twin.lengths import sharegpt_lengths
+from twin.sharegpt import sharegpt_lengths
 from twin.profile import load_profile
 from twin.server import ServerConfig, simulate_server
 from twin.step_time import step_time_ms_py

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from twin.fleet import GpuAssignment, simulate_fleet
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.profile import load_profile
 from twin.routing import (ROUTER_NAMES, GpuSnapshot, LearnedRouter, PlanSwitch, RouteRequest,
                           RoutedGpu, RoutingPlan, make_router, simulate_routed)

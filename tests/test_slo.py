@@ -220,14 +220,14 @@ CAP_DUR = 300.0
 
 def _slo_cap() -> float:
     from optim.capacity import BOUND_SEEDS, carry_limit
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     return carry_limit(PROFILE, 8, 1, default_lengths(), CAP_DUR, tuple(range(BOUND_SEEDS)),
                        0.9, 1, SLO_CAP).limit_tps
 
 
 def test_the_slo_cap_is_below_the_throughput_cap():
     from optim.capacity import BOUND_SEEDS, carry_limit
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     plain = carry_limit(PROFILE, 8, 1, default_lengths(), CAP_DUR, tuple(range(BOUND_SEEDS)),
                         0.9, 1).limit_tps
     assert 0 < _slo_cap() < plain
@@ -240,7 +240,7 @@ def test_no_sampled_gpu_meets_the_slo_above_the_slo_cap(n, amax, rank, seed, ove
     """Adversarial GPUs offered just above the one-adapter cap under the SLO (any count of
     adapters of unequal rates, any rank, any slots, any seed) are never accepted: the bound
     that divides the load by that cap stays sound under the SLO."""
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     per = default_lengths().mean_input + default_lengths().mean_output
     rng = np.random.default_rng(seed)
     w = rng.uniform(0.3, 1.0, n)

@@ -194,7 +194,7 @@ def test_a_latency_tail_refit_invalidates_the_cached_slo_verdicts(monkeypatch):
     import twin.latency_tail as LT
     from optim.capacity import _limit_key
     from optim.feasibility import _gpu_key
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     from twin.profile import load_profile
     prof = load_profile(PROFILE)
     client, engine = Slo(ttft_p99_ms=500), Slo(ttft_p99_ms=500, latency="engine")

@@ -23,7 +23,7 @@ from surrogates.metrics import smape
 from surrogates.models import (ItlRegressor, StarvationClassifier, ThroughputRegressor,
                                design_matrix)
 from surrogates.trees import from_hgb, from_tree
-from twin.lengths import default_lengths
+from twin.sharegpt import default_lengths
 from twin.profile import load_profile
 
 PROFILE = "llama-3.1-8b-instruct"

@@ -22,7 +22,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp", reason="twin serve needs aiohttp (pip install -e .)")
 
 from twin.cli import main as twin_main  # noqa: E402
-from twin.lengths import default_lengths  # noqa: E402
+from twin.sharegpt import default_lengths  # noqa: E402
 from twin.profile import GpuProfile, load_profile  # noqa: E402
 from twin.server import ServerConfig, run_kernel  # noqa: E402
 from twin.serve.app import ServeConfig, TwinServer  # noqa: E402

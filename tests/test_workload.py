@@ -11,7 +11,8 @@ from experiments.common import shared_data_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.lengths import FixedLengths, sharegpt_lengths
+from twin.lengths import FixedLengths
+from twin.sharegpt import sharegpt_lengths
 from twin.workload import (
     Adapter,
     GammaArrivals,

@@ -41,7 +41,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .lengths import LengthModel, length_model_from_dict
+from .lengths import LengthModel
+from .length_models import length_model_from_dict
 from .workload import (Adapter, PoissonArrivals, Requests, _generator,
                        load_adapters_csv, load_trace_csv, merge_streams)
 from .workload import arrival_process_from_dict as stationary_from_dict

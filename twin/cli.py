@@ -69,7 +69,8 @@ def parse_arrivals(text: str):
 
 
 def parse_lengths(text: str):
-    from .lengths import FixedLengths, default_lengths, sharegpt_lengths
+    from .lengths import FixedLengths
+    from .sharegpt import default_lengths, sharegpt_lengths
 
     if text == "sharegpt":
         return default_lengths()

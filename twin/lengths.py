@@ -5,9 +5,9 @@ Every model is a frozen dataclass with
 * ``sample(n, rng) -> (input_len, output_len)`` — two int32 arrays, all values >= 1;
 * ``mean_input`` / ``mean_output`` — the *exact* expected values of what ``sample`` returns
   (rounding and clipping included), computed from the model's probability mass function;
-* ``describe()`` — a JSON-able summary for reports; ``to_dict()`` / ``length_model_from_dict``
-  — a round-trippable JSON form (``{"kind": "fixed" | "clipped_normal" | "empirical" |
-  "sharegpt", ...}``).
+* ``describe()`` — a JSON-able summary for reports; ``to_dict()`` /
+  ``twin.length_models.length_model_from_dict`` — a round-trippable JSON form (``{"kind":
+  "fixed" | "clipped_normal" | "empirical" | "sharegpt", ...}``).
 
 Clipping follows the real benchmark's ShareGPT filter (``min_len <= len``, ``prompt <=
 max_input``, ``prompt + output <= max_total``) but *clips* instead of rejecting: the input is
@@ -15,7 +15,8 @@ drawn and clipped to ``[min_len, max_input]``, the output is drawn independently
 ``[min_len, max_total - input]``.
 
 Exact means come from ``twin.length_means``; the bundled ShareGPT-like model and the default
-lengths live in ``twin.sharegpt`` (its names are also importable from here).
+lengths live in ``twin.sharegpt``, and ``twin.length_models`` reads any kind from a dict or a
+JSON file (the bundled model's ``sharegpt`` kind too), so this module imports neither.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import math
 import os
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -38,10 +39,8 @@ __all__ = [
     "FixedLengths",
     "ClippedNormalLengths",
     "EmpiricalLengths",
-    "fit_sharegpt_histogram",
-    "sharegpt_lengths",
-    "length_model_from_dict",
-    "load_length_model",
+    "plain_length_model_from_dict",
+    "read_length_model",
     "save_length_model",
     "as_generator",
     "SHAREGPT_PROFILE",
@@ -377,7 +376,7 @@ class EmpiricalLengths(_Base):
     @classmethod
     def load(cls, path: str | os.PathLike) -> "EmpiricalLengths":
         """Load an ``empirical`` model from a JSON file written by ``save``."""
-        m = load_length_model(path)
+        m = read_length_model(path)
         if not isinstance(m, EmpiricalLengths):
             raise ValueError(f"{path}: expected an empirical length model, got kind '{m.kind}'")
         return m
@@ -508,25 +507,15 @@ class EmpiricalLengths(_Base):
 _KINDS: dict[str, type] = {"fixed": FixedLengths, "clipped_normal": ClippedNormalLengths, "empirical": EmpiricalLengths}
 
 
-def length_model_from_dict(d: dict) -> FixedLengths | ClippedNormalLengths | EmpiricalLengths:
-    """Build a length model from its ``to_dict()`` form.
-
-    ``{"kind": "sharegpt", "mean_input": ..., "mean_output": ..., "correlation": ...}`` (all
-    optional) gives the bundled ShareGPT model, rescaled.
-    """
+def plain_length_model_from_dict(d: dict) -> FixedLengths | ClippedNormalLengths | EmpiricalLengths:
+    """Build a ``fixed``, ``clipped_normal`` or ``empirical`` length model from its ``to_dict()``
+    form (``twin.length_models.length_model_from_dict`` reads the ``sharegpt`` kind as well)."""
     if not isinstance(d, dict):
         raise ValueError(f"length model: expected a dict, got {type(d).__name__}")
     kind = d.get("kind")
     if kind is None:
         raise ValueError("length model: missing field 'kind'")
     params = {k: v for k, v in d.items() if k != "kind"}
-    if kind == "sharegpt":
-        unknown = set(params) - {"mean_input", "mean_output", "correlation"}
-        if unknown:
-            raise ValueError(f"length model 'sharegpt': unknown field(s) {sorted(unknown)}")
-        from .sharegpt import sharegpt_lengths
-        return sharegpt_lengths(params.get("mean_input"), params.get("mean_output"),
-                                params.get("correlation"))
     cls = _KINDS.get(kind)
     if cls is None:
         raise ValueError(f"length model: unknown kind {kind!r} (expected one of {sorted([*_KINDS, 'sharegpt'])})")
@@ -557,8 +546,10 @@ def save_length_model(model: LengthModel, path: str | os.PathLike) -> None:
         fh.write("\n")
 
 
-def load_length_model(path: str | os.PathLike) -> FixedLengths | ClippedNormalLengths | EmpiricalLengths:
-    """Read a length model JSON written by ``save_length_model``."""
+def read_length_model(path: str | os.PathLike,
+                      from_dict: Callable[[dict], LengthModel] | None = None) -> LengthModel:
+    """Read a length model JSON written by ``save_length_model`` with ``from_dict`` (default
+    ``plain_length_model_from_dict``); errors name the file."""
     try:
         with open(path, encoding="utf-8") as fh:
             d = json.load(fh)
@@ -567,19 +558,6 @@ def load_length_model(path: str | os.PathLike) -> FixedLengths | ClippedNormalLe
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: invalid JSON ({e})") from None
     try:
-        return length_model_from_dict(d)
+        return (from_dict or plain_length_model_from_dict)(d)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-
-
-_SHAREGPT_NAMES = ("fit_sharegpt_histogram", "sharegpt_lengths", "default_lengths",
-                   "DEFAULT_MEAN_INPUT", "DEFAULT_MEAN_OUTPUT", "SHAREGPT_IO_CORRELATION")
-
-
-def __getattr__(name: str) -> Any:
-    """The ShareGPT model's names, importable from here as before the split (lazily: that
-    module imports this one)."""
-    if name in _SHAREGPT_NAMES:
-        from . import sharegpt
-        return getattr(sharegpt, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

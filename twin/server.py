@@ -12,7 +12,8 @@ import numpy as np
 
 from . import kernel as K
 from .adapter_cache import activation_ranks
-from .lengths import LengthModel, default_lengths
+from .lengths import LengthModel
+from .sharegpt import default_lengths
 from .metrics import RunMetrics, compute_metrics, memory_error_metrics, realised_offered_tps
 from .profile import GpuProfile
 from .slo import Slo

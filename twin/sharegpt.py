@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .lengths import SHAREGPT_PROFILE, EmpiricalLengths, length_model_from_dict
+from .lengths import SHAREGPT_PROFILE, EmpiricalLengths, plain_length_model_from_dict
 
 __all__ = ["fit_sharegpt_histogram", "sharegpt_lengths", "default_lengths", "DEFAULT_MEAN_INPUT",
            "DEFAULT_MEAN_OUTPUT", "SHAREGPT_IO_CORRELATION"]
@@ -112,7 +112,7 @@ def sharegpt_lengths(mean_input: float | None = None, mean_output: float | None 
 def _sharegpt_cached(mean_input: float | None, mean_output: float | None,
                      rho: float) -> EmpiricalLengths:
     text = _profile_text()
-    model = length_model_from_dict(json.loads(text))
+    model = plain_length_model_from_dict(json.loads(text))
     assert isinstance(model, EmpiricalLengths)
     if rho != 0.0:
         model = replace(model, correlation=rho)

@@ -102,7 +102,7 @@ def shared_run_setup(cfg: dict, seed: int = 0, io_correlation: float | None = No
     """(adapters, length model, server config) of one shared end-to-end run from its
     configuration columns: ShareGPT lengths of its prompt pool, the benchmark client's waiting
     limit. ``io_correlation`` overrides the prompt/answer length correlation."""
-    from .lengths import sharegpt_lengths
+    from .sharegpt import sharegpt_lengths
     from .server import SHARED_BENCHMARK_CLIENT_MAX_WAITING, ServerConfig
     from .workload import adapters_from_counts, parse_counts
 

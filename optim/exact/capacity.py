@@ -106,7 +106,7 @@ def provisional_pieces(profile: str, lengths=None, n_max: int = PROVISIONAL_N_MA
     from surrogates.dataset import AMAX_GRID, valid_amaxes
     from surrogates.encodable import DEFAULT_BREAKS, Piece
     from surrogates.features import RANK_CLASSES
-    from twin.lengths import default_lengths
+    from twin.sharegpt import default_lengths
     from twin.profile import load_profile
 
     lengths = lengths if lengths is not None else default_lengths()

@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from twin.json_files import read_json_file
-from twin.lengths import LengthModel, default_lengths
+from twin.lengths import LengthModel
+from twin.sharegpt import default_lengths
 from twin.workload import Adapter, Requests, generate_requests, load_trace_csv
 
 

@@ -136,7 +136,7 @@ class OutputLengths:
     """Seeded draws of the twin's ShareGPT-like output length, one per request in order."""
 
     def __init__(self, seed: int, batch: int = 1024) -> None:
-        from ..lengths import default_lengths
+        from ..sharegpt import default_lengths
 
         self.model = default_lengths()
         self.rng = np.random.default_rng(seed)
