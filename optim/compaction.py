@@ -59,9 +59,10 @@ REBALANCE_MAX_SEARCHES = 48  # Amax searches one rebalancing may run
 
 
 def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
-             workers: int | None) -> Placement | None:
+             workers: int | None) -> tuple[Placement, int] | None:
     """The placement on ``k`` GPUs of the kinds of ``p``'s first ``k`` (module docstring, one
-    attempt, with its rebalancing), verified and accepted, or None."""
+    attempt, with its rebalancing), verified and accepted, with the adapters its rebalancing
+    moved; or None."""
     members = [m for m in balanced_members(inst, inst.adapters, k) if m]
     bases = p.gpus[:len(members)]        # fewer adapters than GPUs: the empty ones go
     seen: dict[tuple[int, tuple[int, ...]], tuple[GpuPlan | None, float]] = {}
@@ -92,9 +93,7 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
         found, moves = got
     cand = verify(p.with_(gpus=tuple(b for b, _ in found)), inst, duration_s=duration_s,
                   workers=workers)
-    if cand.verdict != "accepted":
-        return None
-    return cand.with_(params={**cand.params, "rebalance_moves": moves}) if moves else cand
+    return (cand, moves) if cand.verdict == "accepted" else None
 
 
 def _rebalance(inst: Instance, members: list[list[int]], found: list, search
@@ -211,16 +210,15 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
         budget = _Budget(DRAIN_MAX_REQUESTS)
         while p.n_gpus - 1 >= lb:
             tries += 1
-            smaller = _attempt(inst, p, p.n_gpus - 1, dur, workers)
-            if smaller is not None:
-                moves = smaller.params.get("rebalance_moves", 0)
+            got = _attempt(inst, p, p.n_gpus - 1, dur, workers)
+            if got is not None:
+                smaller, moves = got
                 how = (f"load-balanced then {moves} light adapter(s) moved off rejected GPUs"
                        if moves else "load-balanced")
                 changes.append(f"compaction: {p.n_gpus} -> {smaller.n_gpus} GPU(s), {how}, "
                                "each GPU's Amax chosen by the twin "
                                f"({', '.join(str(g.max_loras) for g in smaller.gpus)})")
-                p = smaller.with_(repairs=tuple(changes), params={
-                    k: v for k, v in smaller.params.items() if k != "rebalance_moves"})
+                p = smaller.with_(repairs=tuple(changes))
                 continue
             if p.n_gpus > DRAIN_MAX_GPUS:
                 break

@@ -842,6 +842,23 @@ def placement_claim(inst: Instance, placement, duration_s: float | None = None) 
     return TWIN_OPTIMAL if twin_certificate(inst, placement, duration_s)[0] else None
 
 
+def unsupported_rank_reason(inst: Instance) -> Reason | None:
+    """The pre-check's ``rank_unsupported`` reason: adapters whose rank starts on no GPU type of
+    the instance (at Amax 1 or more); None when every rank does."""
+    usable_ranks: set[int] = set()
+    for t in inst.gpu_types:
+        prof = t.load_profile()
+        usable_ranks |= {r for r in prof.supported_ranks if max_startable_amax(prof, r) >= 1}
+    bad_rank = [a for a in inst.adapters if a.rank not in usable_ranks]
+    if not bad_rank:
+        return None
+    ranks = sorted({a.rank for a in bad_rank})
+    return Reason("rank_unsupported",
+                  f"{len(bad_rank)} adapter(s) have rank(s) {ranks} that no GPU type supports "
+                  f"(supported: {sorted(usable_ranks)}): {_listing([a.id for a in bad_rank])}",
+                  tuple(a.id for a in bad_rank))
+
+
 def precheck(inst: Instance, allow_split: bool = False) -> FeasibilityReport:
     """Run every pre-check on ``inst`` and collect the reasons (never raises for infeasibility)."""
     thr = inst.starvation_threshold
@@ -849,18 +866,9 @@ def precheck(inst: Instance, allow_split: bool = False) -> FeasibilityReport:
     limit = {k: v / thr for k, v in cap.items()}      # most offered tps a GPU may carry
     reasons: list[Reason] = []
 
-    usable_ranks: set[int] = set()
-    for t in inst.gpu_types:
-        prof = t.load_profile()
-        usable_ranks |= {r for r in prof.supported_ranks if max_startable_amax(prof, r) >= 1}
-    bad_rank = [a for a in inst.adapters if a.rank not in usable_ranks]
-    if bad_rank:
-        ranks = sorted({a.rank for a in bad_rank})
-        reasons.append(Reason(
-            "rank_unsupported",
-            f"{len(bad_rank)} adapter(s) have rank(s) {ranks} that no GPU type supports "
-            f"(supported: {sorted(usable_ranks)}): {_listing([a.id for a in bad_rank])}",
-            tuple(a.id for a in bad_rank)))
+    bad_rank = unsupported_rank_reason(inst)
+    if bad_rank is not None:
+        reasons.append(bad_rank)
 
     best = max(limit.values())
     if not allow_split:

@@ -51,7 +51,6 @@ def _load_builtin() -> None:
     global _BUILTIN_LOADED
     if _BUILTIN_LOADED:
         return
-    _BUILTIN_LOADED = True
     from .baselines import dlora, loraserve, maxbase, maxbase_half, random_placement
     from .exact.methods import auto, exact_method
     from .greedy import greedy
@@ -85,6 +84,7 @@ def _load_builtin() -> None:
     for name, fn, kw in builtin:
         if name not in _REGISTRY:          # a user's registration of the name is kept
             register_method(name, fn, **kw)
+    _BUILTIN_LOADED = True
 
 
 def solve(inst: Instance, method: str, objective: str | Objective | None = None,

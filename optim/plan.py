@@ -203,10 +203,10 @@ def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
 def _check_ranks(inst: Instance, path: Path) -> None:
     """``PlanError`` naming the CSV's column when an adapter's rank starts on no GPU type of the
     plan: bad input, refused before the lower bound spends its first replay."""
-    from .feasibility import precheck
-    bad = [r for r in precheck(inst, allow_split=True).reasons if r.code == "rank_unsupported"]
-    if bad:
-        raise PlanError(f"{path}: column 'rank': {bad[0].message}")
+    from .feasibility import unsupported_rank_reason
+    bad = unsupported_rank_reason(inst)
+    if bad is not None:
+        raise PlanError(f"{path}: column 'rank': {bad.message}")
 
 
 def _class_members(path: Path, slo_classes: Sequence[tuple[str, dict[str, float]]]

@@ -42,8 +42,10 @@ def test_one_gpu_of_the_paper_n64_instance_is_found_between_grid_amaxes():
     assert best is not None and 20 <= best.max_loras <= 30
     assert best.max_loras not in (8, 16, 32, 64) and runs < 30
     two = Placement(inst.name, "greedy", "solved", (plan, plan), verdict="accepted")
-    one = _attempt(inst, two, 1, inst.duration_s, workers=2)
-    assert one is not None and one.verdict == "accepted" and one.n_gpus == 1
+    got = _attempt(inst, two, 1, inst.duration_s, workers=2)
+    assert got is not None
+    one, _ = got
+    assert one.verdict == "accepted" and one.n_gpus == 1
     assert 20 <= one.gpus[0].max_loras <= 30
 
 

@@ -22,7 +22,7 @@ from twin.workload import (
     Requests,
     adapters_from_counts,
     adapters_from_cycles,
-    arrival_process_from_dict,
+    stationary_process_from_dict,
     generate_requests,
     load_adapters_csv,
     load_trace_csv,
@@ -148,7 +148,7 @@ def test_arrivals_sorted_in_range_deterministic_and_rate(proc):
     cv = getattr(proc, "cv", 1.0)
     n_exp = rate * dur
     assert abs(len(t) - n_exp) < 5 * cv * np.sqrt(n_exp) + 5 * (proc.kind == "rate_switching") * np.sqrt(n_exp) * 3
-    assert arrival_process_from_dict(proc.describe()) == proc
+    assert stationary_process_from_dict(proc.describe()) == proc
     assert len(proc.sample_times(rate, 0.0, 1)) == 0
 
 
@@ -196,9 +196,9 @@ def test_arrival_errors():
     with pytest.raises(ValueError, match="period_s must be > 0"):
         RateSwitchingArrivals((1.0,), 0)
     with pytest.raises(ValueError, match="unknown kind 'mmpp'"):
-        arrival_process_from_dict({"kind": "mmpp"})
+        stationary_process_from_dict({"kind": "mmpp"})
     with pytest.raises(ValueError, match=r"'gamma': missing field\(s\) \['cv'\]"):
-        arrival_process_from_dict({"kind": "gamma"})
+        stationary_process_from_dict({"kind": "gamma"})
 
 
 # --------------------------------------------------------------------------- requests

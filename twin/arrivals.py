@@ -43,9 +43,8 @@ import numpy as np
 
 from .lengths import LengthModel
 from .length_models import length_model_from_dict
-from .workload import (Adapter, PoissonArrivals, Requests, _generator,
-                       load_adapters_csv, load_trace_csv, merge_streams)
-from .workload import arrival_process_from_dict as stationary_from_dict
+from .workload import (Adapter, PoissonArrivals, Requests, _generator, load_adapters_csv,
+                       load_trace_csv, merge_streams, stationary_process_from_dict)
 
 __all__ = [
     "RateShape", "Diurnal", "StepDrift", "FlashCrowd", "ActiveWindow", "ProductShape",
@@ -425,7 +424,7 @@ class ShapedArrivals:
 def nonstationary_from_dict(d: Any, where: str = "arrivals") -> Any:
     """``{"kind": "markov_modulated", ...}`` or
     ``{"kind": "shaped", "base": {...}, "shape": {...}}``; any other kind goes to
-    :func:`twin.workload.arrival_process_from_dict` (the stationary processes)."""
+    :func:`twin.workload.stationary_process_from_dict`."""
     if not isinstance(d, dict) or "kind" not in d:
         raise WorkloadError(f"{where}: expected an object with a 'kind' field, got {d!r}")
     kind, params = d["kind"], {k: v for k, v in d.items() if k != "kind"}
@@ -445,7 +444,7 @@ def nonstationary_from_dict(d: Any, where: str = "arrivals") -> Any:
         return ShapedArrivals(nonstationary_from_dict(params["base"], f"{where}.base"),
                               shape_from_dict(params["shape"], f"{where}.shape"))
     try:
-        return stationary_from_dict(d)
+        return stationary_process_from_dict(d)
     except ValueError as e:
         raise WorkloadError(f"{where}: {e}") from None
 

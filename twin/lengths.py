@@ -547,9 +547,10 @@ def save_length_model(model: LengthModel, path: str | os.PathLike) -> None:
 
 
 def read_length_model(path: str | os.PathLike,
-                      from_dict: Callable[[dict], LengthModel] | None = None) -> LengthModel:
-    """Read a length model JSON written by ``save_length_model`` with ``from_dict`` (default
-    ``plain_length_model_from_dict``); errors name the file."""
+                      from_dict: Callable[[dict], LengthModel] = plain_length_model_from_dict
+                      ) -> LengthModel:
+    """Read a length model JSON written by ``save_length_model`` with ``from_dict``; errors
+    name the file."""
     try:
         with open(path, encoding="utf-8") as fh:
             d = json.load(fh)
@@ -558,6 +559,6 @@ def read_length_model(path: str | os.PathLike,
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: invalid JSON ({e})") from None
     try:
-        return (from_dict or plain_length_model_from_dict)(d)
+        return from_dict(d)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None

@@ -39,7 +39,7 @@ __all__ = [
     "LognormalArrivals",
     "RateSwitchingArrivals",
     "ArrivalProcess",
-    "arrival_process_from_dict",
+    "stationary_process_from_dict",
     "Requests",
     "generate_requests",
     "offered_token_rate",
@@ -500,7 +500,7 @@ class RateSwitchingArrivals:
 ArrivalProcess = PoissonArrivals | GammaArrivals | LognormalArrivals | RateSwitchingArrivals
 
 
-def arrival_process_from_dict(d: dict) -> ArrivalProcess:
+def stationary_process_from_dict(d: dict) -> ArrivalProcess:
     """Inverse of ``describe()`` for the stationary processes: ``{"kind": "poisson" | "gamma" |
     "lognormal" | "rate_switching", ...}``. ``twin.arrivals.arrival_process_from_dict`` reads
     every kind, the non-stationary ``markov_modulated`` and ``shaped`` too (they live there)."""
