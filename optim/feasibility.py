@@ -780,6 +780,40 @@ def _two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None,
     return True
 
 
+def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int | None = None,
+                         max_checks: int | None = None) -> bool:
+    """True when no twin-accepted placement of ``inst`` (each adapter whole on one GPU) uses
+    ``k`` GPUs, shown by the supply of its heaviest adapters (``optim.supply_exclusion``: every
+    GPU shape (adapters, how many of the heaviest) bounded by the least-work such GPU failing
+    at every Amax, :func:`gpu_excluded` with its spread margin, and by the count-aware cap; the
+    shapes of k GPUs cannot carry the load). False when not shown within ``max_checks`` GPU
+    checks (default ``supply_exclusion.SUPPLY_CHECKS``). Cached on disk."""
+    from .capacity import _disk_get, _disk_put
+    from .supply_exclusion import SUPPLY_CHECKS, supply_excluded, top_group_size
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
+    loads = [inst.load_tps(a) for a in inst.adapters]
+    if k < 2 or not 1 <= top_group_size(loads) < len(loads):
+        return False               # one GPU, or no adapter lighter than the heaviest
+    checks = SUPPLY_CHECKS if max_checks is None else int(max_checks)
+    r0 = _smallest_rank(inst)
+    key = _gpu_key(inst, inst.adapters, r0, duration_s,
+                   what=f"supply_gpus_excluded/{int(k)}/{checks}")
+    hit = _disk_get(key)
+    if hit is not None:
+        return bool(hit["excluded"])
+    cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
+    per = inst.mean_tokens
+
+    def check(loads: np.ndarray) -> bool:
+        ads = [Adapter(f"s{i:05d}", r0, float(q) / per) for i, q in enumerate(loads) if q > 0]
+        return gpu_excluded(inst, ads, r0, duration_s, workers)
+
+    out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks)
+    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
+                    "k": int(k), "duration_s": float(duration_s), "max_checks": checks})
+    return out
+
+
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
                          workers: int | None = None, pair_checks: int = 0) -> int:
     """The best twin-sound lower bound on the GPU count (``twin_lower_bound(...).best``)."""
@@ -800,7 +834,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     two GPUs: also every split replayed (``two_gpu_splits_excluded``, few adapters only), then
     every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
-    ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes)."""
+    ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
+    last, the supply of the heaviest adapters (``supply_gpus_excluded``, same assumptions)."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
@@ -814,6 +849,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
         return target
     if (lb == 2 and len(inst.adapters) <= CERT_PAIR_MAX_ADAPTERS
             and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):
+        return target
+    if supply_gpus_excluded(inst, lb, duration_s, workers):
         return target
     return lb
 

@@ -1,0 +1,334 @@
+"""Excluding k GPUs by the supply of the heaviest adapters: a twin-sound lower-bound step.
+
+The one-adapter and count-aware caps (``optim.feasibility``) bound each GPU on its own and let
+every GPU concentrate its load on adapters at the instance's largest rate, as many as it likes.
+A placement cannot: the instance has only ``t`` adapters in its *top group* (the heaviest ones)
+and every GPU draws from the same supply. This step keeps that count.
+
+**Setting.** Loads (tok/s) of the instance's adapters; the top group is the ``t`` heaviest, with
+loads in ``[v, l]`` (``l`` the largest); every other adapter offers at most ``w <= v``. In a
+placement on k GPUs, GPU ``i`` holds ``m_i`` adapters, ``h_i`` of them from the group, and
+carries ``E_i``::
+
+    sum_i m_i = n,    sum_i h_i = t,    sum_i E_i = L.
+
+**Test GPU** ``T(m, E, h)`` (:func:`least_work_loads`). Start every top adapter at the group's ``h``
+lightest loads and every other one at the instance's ``m - h`` lightest non-group loads (the
+floors: a GPU's k-th lightest adapter of either kind is no lighter than the instance's), then
+raise the top adapters to ``l`` (highest floor first), then the others to ``w`` (highest floor
+first), until the load is ``E``. Its load vector majorizes that of every GPU of the instance
+holding ``m`` adapters, ``h`` from the group, with load ``E`` (every prefix of its largest
+entries sums to at least as much; ``tests/test_supply_exclusion.py`` checks this on sampled
+subsets), so with all ranks lowered to the smallest it is the least-work such GPU under the
+premises of ``feasibility.canonical_gpu`` (concentrating load, lowering rates and ranks, and
+removing idle adapters never make a GPU starve): if ``T`` fails at every Amax, so does every
+such GPU.
+
+**Monotone.** ``T(m, E', h)`` fails for ``E' >= E`` when ``T(m, E, h)`` does (lower every
+entry); ``T(m + 1, E, h)`` fails when ``T(m, E, h)`` does (``T(m, E, h)`` with one idle adapter
+majorizes it). So one failure at ``(m0, h, E0)`` shows that no accepted GPU with ``m >= m0``
+adapters, ``h`` of them from the group, carries ``E0`` or more.
+
+**Bound.** With ``U(m, h)`` an upper bound on the load an accepted GPU of that shape carries
+(the failures above, the most such adapters offer, and the count-aware cap of every GPU),
+k GPUs are excluded when::
+
+    max { sum_i U(m_i, h_i) : sum_i m_i = n, sum_i h_i = t, k GPUs } < L
+
+(a max-plus recursion over (adapters, group adapters); :func:`best_vector`).
+
+**Search** (:func:`supply_excluded`). Lazy: solve the recursion with the current ``U``, check the
+cells of its best vector at loads that would bring the sum down to ``L`` (each cell at a
+smaller adapter count on a coarse grid first, which covers more cells), record failures and
+non-failures, and repeat until the maximum is below ``L`` (excluded), the best vector's
+not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks are spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from numba import njit
+
+SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
+SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
+SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
+GALLOP_STEPS = 2                # after a failure, retries at GALLOP_RATIO x the adapters
+GALLOP_RATIO = 0.8
+_NEG = -np.inf
+
+
+@dataclass(frozen=True)
+class SupplyGroup:
+    """The instance's loads split into the top group (``top``, descending) and the others
+    (``rest``, ascending), in tok/s."""
+
+    top: np.ndarray
+    rest: np.ndarray
+
+    @property
+    def t(self) -> int:
+        return len(self.top)
+
+    @property
+    def n(self) -> int:
+        return len(self.top) + len(self.rest)
+
+    @property
+    def largest(self) -> float:
+        return float(self.top[0])
+
+    @property
+    def rest_cap(self) -> float:
+        return float(self.rest[-1]) if len(self.rest) else 0.0
+
+
+def top_group_size(loads: Sequence[float], rtol: float = 1e-9) -> int:
+    """Adapters at the largest load (within ``rtol``): the default group."""
+    x = np.asarray(loads, dtype=float)
+    return int(np.sum(x >= x.max() * (1.0 - rtol)))
+
+
+def supply_group(loads: Sequence[float], t: int) -> SupplyGroup:
+    """The ``t`` heaviest of ``loads`` as the group (``1 <= t < len(loads)``)."""
+    x = np.sort(np.asarray(loads, dtype=float))
+    if not 1 <= t < len(x):
+        raise ValueError(f"supply group: t must be in 1..{len(x) - 1}, got {t}")
+    return SupplyGroup(top=x[::-1][:t].copy(), rest=x[:len(x) - t].copy())
+
+
+def shape_ok(g: SupplyGroup, m: int, h: int) -> bool:
+    """A GPU of the instance can hold ``m`` adapters, ``h`` of them from the group."""
+    return 0 <= h <= g.t and 0 <= m - h <= len(g.rest)
+
+
+def load_range(g: SupplyGroup, m: int, h: int) -> tuple[float, float]:
+    """(least, most) load of ``m`` of the instance's adapters with ``h`` from the group."""
+    top_asc = g.top[::-1]
+    lo = float(top_asc[:h].sum() + g.rest[:m - h].sum())
+    hi = float(g.top[:h].sum() + g.rest[len(g.rest) - (m - h):].sum()) if m - h > 0 \
+        else float(g.top[:h].sum())
+    return lo, hi
+
+
+def least_work_loads(g: SupplyGroup, m: int, h: int, load_tps: float) -> np.ndarray | None:
+    """Loads of ``T(m, E, h)`` (module docstring), descending; None when no GPU of the
+    instance with that shape carries ``load_tps``."""
+    if not shape_ok(g, m, h):
+        return None
+    lo, hi = load_range(g, m, h)
+    if load_tps < lo * (1 - 1e-12) or load_tps > hi * (1 + 1e-12):
+        return None
+    top = g.top[::-1][:h].astype(float)        # floors, ascending
+    rest = g.rest[:m - h].astype(float)        # floors, ascending
+    left = max(float(load_tps) - lo, 0.0)
+    for vec, cap in ((top, g.largest), (rest, g.rest_cap)):
+        for i in range(len(vec) - 1, -1, -1):  # highest floor first
+            up = min(cap - vec[i], left)
+            if up > 0:
+                vec[i] += up
+                left -= up
+            if left <= 0:
+                break
+    return np.sort(np.concatenate([top, rest]))[::-1]
+
+
+@njit(cache=True)
+def _maxplus(cur, U):
+    """out[M, H] = max over (m, h) of cur[M - m, H - h] + U[m, h]."""
+    n1, t1 = cur.shape
+    out = np.full((n1, t1), -np.inf)
+    for m in range(n1):
+        for h in range(t1):
+            u = U[m, h]
+            if u == -np.inf:
+                continue
+            for M in range(m, n1):
+                for H in range(h, t1):
+                    c = cur[M - m, H - h]
+                    if c != -np.inf and c + u > out[M, H]:
+                        out[M, H] = c + u
+    return out
+
+
+def best_vector(U: np.ndarray, k: int) -> tuple[float, list[tuple[int, int]]]:
+    """(max over GPU shapes (m_i, h_i), i = 1..k, with sum m_i = n and sum h_i = t of
+    sum_i U[m_i, h_i], those shapes) for ``U`` of shape (n + 1, t + 1), -inf where no GPU
+    has that shape (``U[0, 0]`` = 0: an empty GPU); (-inf, []) when none exists."""
+    n, t = U.shape[0] - 1, U.shape[1] - 1
+    if k < 1:
+        raise ValueError(f"best_vector: k must be >= 1, got {k}")
+    tables = [U]
+    for _ in range(k - 2):
+        tables.append(_maxplus(tables[-1], U))
+    if k == 1:
+        v = float(U[n, t])
+        return (v, [(n, t)]) if np.isfinite(v) else (_NEG, [])
+    # the last GPU against the target (n, t) only
+    last = tables[-1]
+    best, arg = _NEG, None
+    for m in range(n + 1):
+        for h in range(t + 1):
+            if U[m, h] == _NEG or last[n - m, t - h] == _NEG:
+                continue
+            v = last[n - m, t - h] + U[m, h]
+            if v > best:
+                best, arg = v, (m, h)
+    if arg is None:
+        return _NEG, []
+    shapes = [arg]
+    M, H = n - arg[0], t - arg[1]
+    for level in range(len(tables) - 1, 0, -1):   # tables[level] = level + 1 GPUs
+        prev = tables[level - 1]
+        want = tables[level][M, H]
+        found = None
+        for m in range(M + 1):
+            for h in range(H + 1):
+                if U[m, h] != _NEG and prev[M - m, H - h] != _NEG \
+                        and prev[M - m, H - h] + U[m, h] >= want - 1e-9 * max(1.0, abs(want)):
+                    found = (m, h)
+                    break
+            if found:
+                break
+        shapes.append(found)
+        M, H = M - found[0], H - found[1]
+    shapes.append((M, H))
+    return float(best), shapes
+
+
+def grid_count(m: int, h: int) -> int:
+    """The adapter count a cell is checked at first: ``m`` rounded down to a grid of about 16
+    steps per doubling, never below ``h`` or 1 (a failure there covers every larger count)."""
+    step = max(1, m // 16)
+    return max(h, 1, m - m % step)
+
+
+@dataclass
+class _Cells:
+    """Failures (every accepted GPU of the shape carries less) and non-failures per group
+    count ``h``: lists of (adapters, load)."""
+
+    fails: dict
+    passes: dict
+
+    def upper(self, m: int, h: int) -> float:
+        return min((e for m0, e in self.fails.get(h, ()) if m0 <= m), default=np.inf)
+
+    def lower(self, m: int, h: int) -> float:
+        return max((e for m0, e in self.passes.get(h, ()) if m0 >= m), default=0.0)
+
+
+def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """(U, floor): the upper bound per shape (-inf where no accepted GPU has it) and the load
+    no check has shown failing there."""
+    n, t = g.n, g.t
+    top_lo = np.concatenate([[0.0], np.cumsum(g.top[::-1])])      # h lightest of the group
+    top_hi = np.concatenate([[0.0], np.cumsum(g.top)])            # h heaviest
+    rest_lo = np.concatenate([[0.0], np.cumsum(g.rest)])          # j lightest others
+    rest_hi = np.concatenate([[0.0], np.cumsum(g.rest[::-1])])    # j heaviest
+    m = np.arange(n + 1)[:, None]
+    h = np.arange(t + 1)[None, :]
+    j = m - h
+    ok = (j >= 0) & (j <= len(g.rest))
+    jj = np.clip(j, 0, len(g.rest))
+    lo = top_lo[h] + rest_lo[jj]
+    hi = top_hi[h] + rest_hi[jj]
+    fail = np.full((n + 1, t + 1), np.inf)
+    floor = np.zeros((n + 1, t + 1))
+    for hh, pts in cells.fails.items():
+        for m0, e in pts:
+            fail[m0:, hh] = np.minimum(fail[m0:, hh], e)
+    for hh, pts in cells.passes.items():
+        for m0, e in pts:
+            floor[:m0 + 1, hh] = np.maximum(floor[:m0 + 1, hh], e)
+    u = np.minimum(np.minimum(hi, gpu_cap), fail)
+    U = np.where(ok & (u >= lo), u, _NEG)
+    F = np.where(ok, np.maximum(lo, np.minimum(floor, u)), 0.0)
+    U[0, 0], F[0, 0] = 0.0, 0.0
+    return U, F
+
+
+def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tps: float,
+                    check: Callable[[np.ndarray], bool], max_checks: int = SUPPLY_CHECKS,
+                    t: int | None = None, progress: Callable[[str], None] | None = None
+                    ) -> bool:
+    """True when no placement of adapters with ``loads`` on ``k`` GPUs has every GPU accepted,
+    shown by the group supply (module docstring); False when not shown within ``max_checks``
+    calls of ``check(least_work_loads) -> excluded`` (one GPU check each). ``gpu_cap_tps``: a load no
+    accepted GPU carries more of (the count-aware cap); ``t``: group size (default: the
+    adapters at the largest load)."""
+    x = np.asarray(loads, dtype=float)
+    if k < 1 or len(x) < 2:
+        return False
+    t = top_group_size(x) if t is None else int(t)
+    if not 1 <= t < len(x):
+        return False
+    g = supply_group(x, t)
+    L = float(total_tps)
+    tol = SUPPLY_TOL * L
+    cells = _Cells({}, {})
+    used = 0
+
+    def run(m: int, h: int, e: float) -> bool | None:
+        """Check T(m, e, h); None when it cannot be checked."""
+        nonlocal used
+        vec = least_work_loads(g, m, h, e)
+        if vec is None or m > SUPPLY_MAX_GPU_ADAPTERS or used >= max_checks:
+            return None
+        used += 1
+        out = bool(check(vec))
+        (cells.fails if out else cells.passes).setdefault(h, []).append((m, float(e)))
+        if progress is not None:
+            progress(f"supply check {used}: {m} adapters ({h} of the {t} heaviest) at "
+                     f"{e:,.0f} tok/s: {'fails' if out else 'not shown failing'}")
+        return out
+
+    def _gallop(m: int, h: int, e: float) -> None:
+        """After a failure at (m, h, e): the same load at fewer adapters (a failure there
+        covers more shapes), while it fails, at most ``GALLOP_STEPS`` times."""
+        for _ in range(GALLOP_STEPS):
+            m2 = grid_count(max(h, 1, int(m * GALLOP_RATIO)), h)
+            if m2 >= m or e <= cells.lower(m2, h) or not run(m2, h, e):
+                return
+            m = m2
+
+    while True:
+        U, F = _table(g, cells, gpu_cap_tps)
+        best, shapes = best_vector(U, k)
+        if best < L * (1.0 - 1e-9):          # the bounds hold with equality at the most
+            return True
+        shapes = [s for s in shapes if s[0] > 0]
+        ub = np.array([U[s] for s in shapes])
+        fl = np.array([F[s] for s in shapes])
+        if fl.sum() >= L - tol:               # these shapes are not shown failing at L
+            return False
+        room = np.maximum(ub - fl - tol, 0.0)
+        if room.sum() <= 0:
+            return False
+        need = best - L + tol
+        progressed = False
+        for (m, h), u, r in zip(shapes, ub, room):
+            if r <= 0:
+                continue
+            target = max(u - need * r / room.sum(), F[m, h] + tol)
+            if target >= cells.upper(m, h):
+                continue
+            for mm in dict.fromkeys((grid_count(m, h), m)):
+                if target >= cells.upper(mm, h) or target <= cells.lower(mm, h):
+                    continue
+                out = run(mm, h, target)
+                if out is None:
+                    break
+                progressed = True
+                if out:
+                    _gallop(mm, h, target)
+                    break
+        if not progressed:
+            return False
+
+
+__all__ = ["SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
+           "supply_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "grid_count",
+           "supply_excluded"]

@@ -1,0 +1,224 @@
+"""The supply exclusion (optim.supply_exclusion): its test GPU, the recursion, the search
+against an oracle that meets the premises, and the premise itself in the twin."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from optim.supply_exclusion import (best_vector, load_range, supply_excluded, supply_group,
+                                    least_work_loads, top_group_size)
+
+
+def _prefix(x) -> np.ndarray:
+    return np.cumsum(np.sort(np.asarray(x, float))[::-1])
+
+
+def _majorizes(a, b, tol=1e-6) -> bool:
+    """Sorted-descending prefix sums of ``a`` >= those of ``b`` (padded with zeros), equal
+    totals."""
+    n = max(len(a), len(b))
+    pa = _prefix(np.concatenate([a, np.zeros(n - len(a))]))
+    pb = _prefix(np.concatenate([b, np.zeros(n - len(b))]))
+    return abs(pa[-1] - pb[-1]) <= tol * max(1.0, pb[-1]) and bool(np.all(pa >= pb - tol))
+
+
+def _instance_loads(rng) -> np.ndarray:
+    classes = rng.choice([50.0, 120.0, 300.0, 700.0, 1000.0], size=rng.integers(2, 5),
+                         replace=False)
+    return np.concatenate([np.full(rng.integers(2, 9), c) for c in classes]
+                          + [rng.uniform(10, 60, size=rng.integers(0, 4))])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_test_gpu_majorizes_every_gpu_of_its_shape(seed):
+    rng = np.random.default_rng(seed)
+    loads = _instance_loads(rng)
+    t = top_group_size(loads) if rng.random() < 0.5 else int(rng.integers(1, len(loads)))
+    g = supply_group(loads, t)
+    top_ids = set(np.argsort(-loads, kind="stable")[:t])
+    for _ in range(20):
+        m = int(rng.integers(1, len(loads) + 1))
+        pick = rng.choice(len(loads), size=m, replace=False)
+        h = sum(int(i in top_ids) for i in pick)
+        real = loads[pick]
+        # the group is the t heaviest; ties at its edge may fall either side
+        if h != int(np.sum(real > g.rest_cap)) and np.any(real == g.rest_cap):
+            continue
+        e = float(real.sum())
+        lo, hi = load_range(g, m, h)
+        assert lo - 1e-6 <= e <= hi + 1e-6
+        T = least_work_loads(g, m, h, e)
+        assert T is not None and len(T) == m
+        assert T.max() <= g.largest + 1e-9
+        assert _majorizes(T, real), (m, h, e)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_test_gpu_is_monotone_in_adapters_and_load(seed):
+    rng = np.random.default_rng(100 + seed)
+    loads = _instance_loads(rng)
+    g = supply_group(loads, top_group_size(loads))
+    for _ in range(20):
+        h = int(rng.integers(0, g.t + 1))
+        m = int(rng.integers(max(h, 1), h + len(g.rest)))       # m + 1 has a rest slot
+        lo1, hi1 = load_range(g, m + 1, h)
+        lo0, hi0 = load_range(g, m, h)
+        if max(lo0, lo1) > min(hi0, hi1):
+            continue
+        e = float(rng.uniform(max(lo0, lo1), min(hi0, hi1)))
+        # one more adapter: T(m, e, h) with an idle adapter majorizes T(m + 1, e, h)
+        assert _majorizes(least_work_loads(g, m, h, e), least_work_loads(g, m + 1, h, e))
+        # more load: every entry (descending) at least as large
+        e2 = float(rng.uniform(e, hi0))
+        assert np.all(least_work_loads(g, m, h, e2) >= least_work_loads(g, m, h, e) - 1e-9)
+
+
+def test_a_load_outside_the_shape_has_no_test_gpu():
+    g = supply_group([10.0, 10.0, 5.0, 1.0], 2)
+    assert load_range(g, 2, 1) == (11.0, 15.0)
+    assert least_work_loads(g, 2, 1, 10.0) is None and least_work_loads(g, 2, 1, 16.0) is None
+    assert least_work_loads(g, 3, 3, 20.0) is None                   # only 2 in the group
+    assert list(least_work_loads(g, 2, 1, 13.0)) == [10.0, 3.0]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_best_vector_agrees_with_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n, t, k = int(rng.integers(1, 7)), int(rng.integers(0, 4)), int(rng.integers(1, 4))
+    t = min(t, n)
+    U = rng.uniform(0, 10, size=(n + 1, t + 1))
+    U[rng.random(U.shape) < 0.2] = -np.inf
+    U[0, 0] = 0.0
+    for m in range(n + 1):
+        U[m, m + 1:] = -np.inf
+    best, shapes = best_vector(U, k)
+    brute = -np.inf
+    cells = [(m, h) for m in range(n + 1) for h in range(t + 1) if np.isfinite(U[m, h])]
+    for vec in itertools.product(cells, repeat=k):
+        if sum(c[0] for c in vec) == n and sum(c[1] for c in vec) == t:
+            brute = max(brute, sum(U[c] for c in vec))
+    assert best == pytest.approx(brute) if np.isfinite(brute) else best == -np.inf
+    if np.isfinite(brute):
+        assert len(shapes) == k
+        assert sum(s[0] for s in shapes) == n and sum(s[1] for s in shapes) == t
+        assert sum(U[s] for s in shapes) == pytest.approx(best)
+
+
+def _oracle(cost):
+    """A GPU fails when sum_i sqrt(load_i) exceeds ``cost``: more load or more adapters cost
+    more, concentrating load costs less (sqrt is concave) — the premises the exclusion rests
+    on."""
+    return lambda loads: float(np.sum(np.sqrt(np.asarray(loads, float)))) > cost
+
+
+def _feasible_on(loads, k, fails) -> bool:
+    """Some placement of every adapter on at most k GPUs with no GPU failing (brute force)."""
+    n = len(loads)
+    for assign in itertools.product(range(k), repeat=n - 1):
+        groups = [[loads[0]]] + [[] for _ in range(k - 1)]
+        for i, gpu in enumerate(assign, start=1):
+            groups[gpu].append(loads[i])
+        if all(not grp or not fails(np.array(grp)) for grp in groups):
+            return True
+    return False
+
+
+def _oracle_case(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 10))
+    loads = np.sort(rng.choice([1.0, 2.0, 4.0, 9.0, 16.0], size=n))[::-1]
+    k = int(rng.integers(2, 4))
+    return loads, k, _oracle(float(rng.uniform(2.0, 8.0)))
+
+
+ORACLE_SEEDS = range(60)
+
+
+@pytest.mark.parametrize("seed", ORACLE_SEEDS)
+def test_supply_exclusion_is_sound_against_an_oracle(seed):
+    loads, k, fails = _oracle_case(seed)
+    # no count-aware cap in the oracle's world: a GPU carries at most the whole load
+    if supply_excluded(loads, k, float(loads.sum()), float(loads.sum()), fails, 200):
+        assert not _feasible_on(list(loads), k, fails), (list(loads), k)
+
+
+def test_supply_exclusion_proves_cases_the_shapes_alone_do_not():
+    proven = 0
+    for seed in ORACLE_SEEDS:
+        loads, k, fails = _oracle_case(seed)
+        L = float(loads.sum())
+        # with no check, only the most each shape can offer bounds it: never below the load
+        assert not supply_excluded(loads, k, L, L, fails, max_checks=0)
+        proven += supply_excluded(loads, k, L, L, fails, 200)
+    assert proven >= 5
+
+
+def test_the_test_gpu_scores_no_worse_than_gpus_of_its_shape_in_the_twin(tmp_path):
+    """The premise in the twin: on a GPU that must swap (four slots) near or above saturation, the
+    least-work GPU of a shape (adapters, how many of the heaviest, load; smallest rank) scores
+    at least as well as sampled real GPUs of that shape at their own ranks (best score over
+    every Amax, mean over 4 seeds, within two standard errors)."""
+    from optim.amax_search import twin_scores
+    from optim.instance import instance_from_dict
+    from optim.placement import plan_gpu
+    from tests.slot_profiles import four_slot_profile
+    from twin.workload import Adapter
+
+    dur = 300.0
+    prof = four_slot_profile(tmp_path)
+    rng = np.random.default_rng(1)
+    rates = [x * 2.0 for x in [4.0] * 4 + [2.0] * 5 + [1.0] * 5 + [0.5] * 4]
+    ads = [Adapter(f"a{i:02d}", (8, 16)[i % 2], r) for i, r in enumerate(rates)]
+    inst = instance_from_dict({
+        "name": "supply", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
+        "gpus": [{"name": "g", "profile": prof, "count": 4}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": dur})
+    per = inst.mean_tokens
+    g = supply_group([a.rate * per for a in ads], 4)
+
+    def best(group, rank):
+        plan = plan_gpu("g", prof, 1, [(a, 1.0) for a in group], per, rank)
+        return np.array([max(v for v, _ in twin_scores(inst, plan, [1, 2, 3, 4], s, dur, 2))
+                         for s in range(4)])
+
+    for _ in range(5):
+        m = int(rng.integers(5, 9))
+        group = [ads[i] for i in rng.choice(len(ads), m, replace=False)]
+        h = sum(a.rate == 8.0 for a in group)
+        e = sum(a.rate for a in group) * per
+        T = least_work_loads(g, m, h, e)
+        easy = best([Adapter(f"t{i}", 8, float(q) / per) for i, q in enumerate(T) if q > 0], 8)
+        real = best(group, max(a.rank for a in group))
+        se = np.sqrt((easy.var(ddof=1) + real.var(ddof=1)) / 4)
+        assert easy.mean() >= real.mean() - 2 * se, (m, h, easy, real)
+
+
+def test_a_certificate_tries_the_supply_exclusion_last(monkeypatch):
+    from optim import feasibility as F
+    from optim.instance import instance_from_dict
+
+    inst = instance_from_dict({
+        "name": "supply-cert", "adapters": [{"id": f"a{i:03d}", "rank": 8,
+                                             "rate": 2.0 if i < 4 else 0.5} for i in range(20)],
+        "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct", "count": 8}],
+        "duration_s": 120.0})
+    for name in ("one_gpu_excluded", "fullest_gpu_excluded", "busiest_gpu_excluded",
+                 "two_gpu_splits_excluded", "two_gpus_excluded"):
+        monkeypatch.setattr(F, name, lambda *a, **k: False)
+    calls = []
+
+    def supply(inst, k, duration_s, workers=None, max_checks=None):
+        calls.append(k)
+        return k == 3
+    monkeypatch.setattr(F, "supply_gpus_excluded", supply)
+    assert F.raise_bound_to(inst, 3, 4, 120.0) == 4
+    assert F.raise_bound_to(inst, 2, 3, 120.0) == 2
+    assert calls == [3, 2]
+    # equal adapters have no lighter supply to count: not run, and not shown
+    monkeypatch.undo()
+    same = instance_from_dict({**inst.to_dict(), "adapters": [
+        {"id": f"a{i:03d}", "rank": 8, "rate": 0.5} for i in range(20)]})
+    assert F.supply_gpus_excluded(same, 3, 120.0) is False
