@@ -334,7 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="no solving: read the rows an earlier run wrote with --json (or the "
                          "latest stored rows of a --store .jsonl file), recompute "
                          "each instance's lower bound (same window) with the current code, and "
-                         "write and print the figures again")
+                         "write and print the figures again; a stored point of --store whose "
+                         "bound changed is stored again with the new one")
     a = ap.parse_args(argv)
 
     if a.pair_checks < 0:
@@ -376,9 +377,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         methods = list(dict.fromkeys(old["method"]))
         paths = [by_name[n] for n in dict.fromkeys(old["instance"])]
+        kept = RowStore(Path(a.store)) if a.store else None
         for name, part in tqdm(old.groupby("instance", sort=False), desc="bounds", unit="inst"):
-            lb, one = rebound(loaded[by_name[name]], part, a.workers, a.pair_checks)
-            rows += [{**r, "lb": lb, "lb_one": one} for r in part.to_dict(orient="records")]
+            inst = loaded[by_name[name]]
+            lb, one = rebound(inst, part, a.workers, a.pair_checks)
+            new = [{**r, "lb": lb, "lb_one": one} for r in part.to_dict(orient="records")]
+            rows += new
+            for r in new if kept is not None else ():
+                key = point_key(inst, r["method"], float(r["duration_s"]), a.max_extra,
+                                a.pair_checks)
+                was = kept.get(key)
+                if was is not None and (was.get("lb"), was.get("lb_one")) != (lb, one):
+                    kept.put(key, {**was, "lb": lb, "lb_one": one})
         paths_iter: list[Path] = []
     else:
         paths_iter = paths

@@ -56,3 +56,31 @@ def test_stored_rows_take_the_latest_row_of_the_chosen_study(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="no stored rows"):
         GS.stored_rows(store.path, False, "maxbase")
+
+
+def test_rebound_stores_a_changed_bound_back_under_the_point_key(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    from experiments.common import RowStore
+    from optim.instance import load_instance
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "inst"
+    folder.mkdir()
+    for f in (repo / "instances" / "paper").glob("paper-llama-rhigh-qhigh-n16.*"):
+        shutil.copy(f, folder / f.name)
+    inst = load_instance(folder / "paper-llama-rhigh-qhigh-n16.json")
+    monkeypatch.setattr(GS, "point_key", lambda inst, m, d, x, p: f"{inst.name}/{m}/{d}")
+    store = RowStore(tmp_path / "points.jsonl")
+    row = {"instance": inst.name, "method": "greedy", "gpus": 3, "failed": False,
+           "duration_s": 3600.0, "lb": 2, "lb_one": 2, "n": 16, "scenario": "s"}
+    store.put(f"{inst.name}/greedy/3600.0", row)
+    monkeypatch.setattr(GS, "rebound", lambda inst, part, workers, pair: (3, 2))
+    args = ["--rebound", str(store.path), "--store", str(store.path), "--instances",
+            str(folder), "--methods", "greedy", "--out-dir", str(tmp_path / "out")]
+    GS.main(args)
+    assert RowStore(store.path).get(f"{inst.name}/greedy/3600.0") == {**row, "lb": 3}
+    lines = store.path.read_text().splitlines()
+    GS.main(args)                                     # unchanged now: nothing appended
+    assert store.path.read_text().splitlines() == lines
