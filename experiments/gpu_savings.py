@@ -57,6 +57,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from optim.feasibility import raise_bound_to, twin_lower_bound
+from optim.supply_exclusion import SUPPLY_CHECKS
 from optim.instance import Instance, InstanceError, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
@@ -263,7 +264,8 @@ def point_bound(inst: Instance, bound, counts: Sequence[int], duration_s: float,
     one without the bound's load thresholds where the best count is one above it
     (``feasibility.raise_bound_to``) — the same for a solve and for ``--rebound``."""
     if counts and min(counts) == bound.best + 1:
-        return raise_bound_to(inst, bound.best, min(counts), duration_s, workers)
+        return raise_bound_to(inst, bound.best, min(counts), duration_s, workers,
+                              SUPPLY_CHECKS)
     return bound.best
 
 

@@ -76,6 +76,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
     from optim.exact.capacity import build_problem
     from optim.exact.cpsat import solve_cpsat
     from optim.feasibility import lora_gpu_lower_bound, raise_bound_to
+    from optim.supply_exclusion import SUPPLY_CHECKS
     from optim.instance import load_instance
     from optim.methods import MethodOptions, method_names, solve
 
@@ -120,7 +121,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
                     if row.get(f"{m}_verdict") == "accepted" and row.get(f"{m}_gpus")]
         if accepted:    # the certificate's exclusions, where the fewest are one above the bound
             row["twin_lb"] = raise_bound_to(inst, row["twin_lb"], min(accepted), duration,
-                                            workers)
+                                            workers, SUPPLY_CHECKS)
         row["twin_optimal"] = bool(accepted) and min(accepted) == row["twin_lb"]
         ref = row["proven_optimum"] if proven else row["lower_bound"]
         for m in ("milp", "cpsat", *heur):

@@ -796,11 +796,15 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
         return False               # one GPU, or no adapter lighter than the heaviest
     checks = SUPPLY_CHECKS if max_checks is None else int(max_checks)
     r0 = _smallest_rank(inst)
-    key = _gpu_key(inst, inst.adapters, r0, duration_s,
-                   what=f"supply_gpus_excluded/{int(k)}/{checks}")
-    hit = _disk_get(key)
-    if hit is not None:
-        return bool(hit["excluded"])
+
+    def key_of(budget: int) -> str:
+        return _gpu_key(inst, inst.adapters, r0, duration_s,
+                        what=f"supply_gpus_excluded/{int(k)}/{budget}")
+    key = key_of(checks)
+    for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):   # a study's success holds too
+        hit = _disk_get(key_of(budget))
+        if hit is not None and (hit["excluded"] or budget == checks):
+            return bool(hit["excluded"])
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
     per = inst.mean_tokens
 
@@ -820,12 +824,13 @@ def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
     return twin_lower_bound(inst, duration_s, workers, pair_checks).best
 
 
+SUPPLY_SOLVE_CHECKS = 16       # raise_bound_to's default: GPU checks of supply_gpus_excluded
 CERT_PAIR_CHECKS = 64          # raise_bound_to: GPU checks of two_gpus_excluded ...
 CERT_PAIR_MAX_ADAPTERS = 512   # ... on instances of at most this many adapters
 
 
 def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
-                   workers: int | None = None) -> int:
+                   workers: int | None = None, supply_checks: int = SUPPLY_SOLVE_CHECKS) -> int:
     """``target`` when the twin-sound exclusions show that no twin-accepted placement uses
     ``target - 1`` = ``lb`` GPUs, else ``lb``: the checks a certificate needs when a placement
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
@@ -835,7 +840,9 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
-    last, the supply of the heaviest adapters (``supply_gpus_excluded``, same assumptions)."""
+    last, the supply of the heaviest adapters (``supply_gpus_excluded``, same assumptions), with
+    ``supply_checks`` GPU checks: few on a solve's path (``SUPPLY_SOLVE_CHECKS``, about a minute),
+    ``supply_exclusion.SUPPLY_CHECKS`` in the studies; a study's cached success counts for both."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
@@ -850,7 +857,7 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if (lb == 2 and len(inst.adapters) <= CERT_PAIR_MAX_ADAPTERS
             and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):
         return target
-    if supply_gpus_excluded(inst, lb, duration_s, workers):
+    if supply_checks > 0 and supply_gpus_excluded(inst, lb, duration_s, workers, supply_checks):
         return target
     return lb
 

@@ -16,7 +16,7 @@ def _patch(monkeypatch, best: int, raised: int, calls: list):
     monkeypatch.setattr(GS, "twin_lower_bound",
                         lambda inst, dur, workers, pair: SimpleNamespace(best=best, one_adapter=1))
 
-    def raise_to(inst, lb, count, dur, workers):
+    def raise_to(inst, lb, count, dur, workers, supply_checks=None):
         calls.append((lb, count, dur))
         return raised
     monkeypatch.setattr(GS, "raise_bound_to", raise_to)

@@ -222,3 +222,31 @@ def test_a_certificate_tries_the_supply_exclusion_last(monkeypatch):
     same = instance_from_dict({**inst.to_dict(), "adapters": [
         {"id": f"a{i:03d}", "rank": 8, "rate": 0.5} for i in range(20)]})
     assert F.supply_gpus_excluded(same, 3, 120.0) is False
+
+
+def test_a_studys_cached_success_holds_for_a_solves_smaller_budget(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import optim.supply_exclusion as S
+    from optim import feasibility as F
+    from optim.instance import instance_from_dict
+
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = instance_from_dict({
+        "name": "supply-cache", "adapters": [{"id": f"a{i:03d}", "rank": 8,
+                                              "rate": 2.0 if i < 4 else 0.5} for i in range(20)],
+        "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct", "count": 8}],
+        "duration_s": 120.0})
+    monkeypatch.setattr(F, "twin_lower_bound",
+                        lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
+    budgets = []
+
+    def fake(loads, k, total, cap, check, checks):
+        budgets.append(checks)
+        return checks >= S.SUPPLY_CHECKS
+    monkeypatch.setattr(S, "supply_excluded", fake)
+    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is False
+    assert F.supply_gpus_excluded(inst, 3, 120.0) is True             # the study's budget
+    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is True
+    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=9) is True
+    assert budgets == [8, S.SUPPLY_CHECKS]
