@@ -789,7 +789,7 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     shapes of k GPUs cannot carry the load). False when not shown within ``max_checks`` GPU
     checks (default ``supply_exclusion.SUPPLY_CHECKS``). Cached on disk."""
     from .capacity import _disk_get, _disk_put
-    from .supply_exclusion import SUPPLY_CHECKS, supply_excluded, top_group_size
+    from .supply_exclusion import SUPPLY_CHECKS, SUPPLY_VERSION, supply_excluded, top_group_size
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     loads = [inst.load_tps(a) for a in inst.adapters]
     if k < 2 or not 1 <= top_group_size(loads) < len(loads):
@@ -799,7 +799,7 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
 
     def key_of(budget: int) -> str:
         return _gpu_key(inst, inst.adapters, r0, duration_s,
-                        what=f"supply_gpus_excluded/{int(k)}/{budget}")
+                        what=f"supply_gpus_excluded/{SUPPLY_VERSION}/{int(k)}/{budget}")
     key = key_of(checks)
     for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):   # a study's success holds too
         hit = _disk_get(key_of(budget))

@@ -52,6 +52,7 @@ from typing import Callable, Sequence
 import numpy as np
 from numba import njit
 
+SUPPLY_VERSION = 2              # bump when the search changes (results are cached on disk)
 SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
 SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
 SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
@@ -217,12 +218,14 @@ class _Cells:
         return min((e for m0, e in self.fails.get(h, ()) if m0 <= m), default=np.inf)
 
     def lower(self, m: int, h: int) -> float:
-        return max((e for m0, e in self.passes.get(h, ()) if m0 >= m), default=0.0)
+        return max((e for m0, e in self.passes.get(h, ()) if m0 >= m), default=-np.inf)
 
 
-def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float) -> tuple[np.ndarray, np.ndarray]:
+def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
+           ) -> tuple[np.ndarray, np.ndarray]:
     """(U, floor): the upper bound per shape (-inf where no accepted GPU has it) and the load
-    no check has shown failing there."""
+    no check has shown failing there (``tol`` below the shape's least load when none was
+    checked: a failure at that load rules the shape out)."""
     n, t = g.n, g.t
     top_lo = np.concatenate([[0.0], np.cumsum(g.top[::-1])])      # h lightest of the group
     top_hi = np.concatenate([[0.0], np.cumsum(g.top)])            # h heaviest
@@ -236,16 +239,17 @@ def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float) -> tuple[np.ndarray, n
     lo = top_lo[h] + rest_lo[jj]
     hi = top_hi[h] + rest_hi[jj]
     fail = np.full((n + 1, t + 1), np.inf)
-    floor = np.zeros((n + 1, t + 1))
+    floor = np.full((n + 1, t + 1), -np.inf)
     for hh, pts in cells.fails.items():
         for m0, e in pts:
             fail[m0:, hh] = np.minimum(fail[m0:, hh], e)
     for hh, pts in cells.passes.items():
         for m0, e in pts:
             floor[:m0 + 1, hh] = np.maximum(floor[:m0 + 1, hh], e)
-    u = np.minimum(np.minimum(hi, gpu_cap), fail)
-    U = np.where(ok & (u >= lo), u, _NEG)
-    F = np.where(ok, np.maximum(lo, np.minimum(floor, u)), 0.0)
+    most = np.minimum(hi, gpu_cap)            # an accepted GPU carries at most this ...
+    u = np.minimum(most, fail)                # ... and less than a failing load
+    U = np.where(ok & (most >= lo) & (fail > lo), u, _NEG)
+    F = np.where(ok, np.maximum(lo - tol, np.minimum(floor, u)), 0.0)
     U[0, 0], F[0, 0] = 0.0, 0.0
     return U, F
 
@@ -295,16 +299,16 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
             m = m2
 
     while True:
-        U, F = _table(g, cells, gpu_cap_tps)
+        U, F = _table(g, cells, gpu_cap_tps, tol)
         best, shapes = best_vector(U, k)
         if best < L * (1.0 - 1e-9):          # the bounds hold with equality at the most
             return True
         shapes = [s for s in shapes if s[0] > 0]
         ub = np.array([U[s] for s in shapes])
         fl = np.array([F[s] for s in shapes])
-        if fl.sum() >= L - tol:               # these shapes are not shown failing at L
-            return False
-        room = np.maximum(ub - fl - tol, 0.0)
+        if all(cells.lower(*s) > -np.inf for s in shapes) and fl.sum() >= L - tol:
+            return False                      # these shapes were not shown failing at L
+        room = np.where(ub - fl >= tol * (1 - 1e-9), ub - fl, 0.0)   # loads left to check
         if room.sum() <= 0:
             return False
         need = best - L + tol
@@ -319,8 +323,8 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
                 if target >= cells.upper(mm, h) or target <= cells.lower(mm, h):
                     continue
                 out = run(mm, h, target)
-                if out is None:
-                    break
+                if out is None:               # outside that count's loads, or out of checks
+                    continue
                 progressed = True
                 if out:
                     _gallop(mm, h, target)
@@ -329,6 +333,6 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
             return False
 
 
-__all__ = ["SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
+__all__ = ["SUPPLY_VERSION", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
            "supply_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "grid_count",
            "supply_excluded"]

@@ -250,3 +250,21 @@ def test_a_studys_cached_success_holds_for_a_solves_smaller_budget(tmp_path, mon
     assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is True
     assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=9) is True
     assert budgets == [8, S.SUPPLY_CHECKS]
+
+
+def test_a_shape_whose_least_load_fails_is_ruled_out():
+    # two GPUs, 2 heavy (10) and 6 light (1) adapters; a GPU fails with more than 4 light
+    # adapters whatever its load: every shape carries exactly its least load, and the split
+    # the loads allow (1 heavy + 3 light each) is the only one that passes
+    loads = np.array([10.0, 10.0] + [1.0] * 6)
+
+    def fails(vec):
+        return int(np.sum((vec > 0) & (vec < 5))) > 3
+
+    assert not supply_excluded(loads, 2, float(loads.sum()), 1e9, fails, 50)
+
+    def fails_more(vec):
+        return int(np.sum((vec > 0) & (vec < 5))) > 2
+
+    assert supply_excluded(loads, 2, float(loads.sum()), 1e9, fails_more, 50)
+    assert not _feasible_on(list(loads), 2, fails_more)
