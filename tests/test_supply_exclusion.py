@@ -153,7 +153,7 @@ def test_supply_exclusion_proves_cases_the_shapes_alone_do_not():
         # with no check, only the most each shape can offer bounds it: never below the load
         assert not supply_excluded(loads, k, L, L, fails, max_checks=0)
         proven += supply_excluded(loads, k, L, L, fails, 200)
-    assert proven >= 5
+    assert proven >= 40
 
 
 def test_the_test_gpu_scores_no_worse_than_gpus_of_its_shape_in_the_twin(tmp_path):
