@@ -787,7 +787,8 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     GPU shape (adapters, how many of the heaviest) bounded by the least-work such GPU failing
     at every Amax, :func:`gpu_excluded` with its spread margin, and by the count-aware cap; the
     shapes of k GPUs cannot carry the load). False when not shown within ``max_checks`` GPU
-    checks (default ``supply_exclusion.SUPPLY_CHECKS``). Cached on disk."""
+    checks (default ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached success of that
+    default). Cached on disk."""
     from .capacity import _disk_get, _disk_put
     from .supply_exclusion import SUPPLY_CHECKS, SUPPLY_VERSION, supply_excluded, top_group_size
     inst = inst.bound_view()       # classes: the loosest SLO they allow
@@ -805,6 +806,8 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
         hit = _disk_get(key_of(budget))
         if hit is not None and (hit["excluded"] or budget == checks):
             return bool(hit["excluded"])
+    if checks <= 0:
+        return False
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
     per = inst.mean_tokens
 
@@ -824,7 +827,7 @@ def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
     return twin_lower_bound(inst, duration_s, workers, pair_checks).best
 
 
-SUPPLY_SOLVE_CHECKS = 16       # raise_bound_to's default: GPU checks of supply_gpus_excluded
+SUPPLY_SOLVE_CHECKS = 0        # raise_bound_to's default: a solve only reads a study's result
 CERT_PAIR_CHECKS = 64          # raise_bound_to: GPU checks of two_gpus_excluded ...
 CERT_PAIR_MAX_ADAPTERS = 512   # ... on instances of at most this many adapters
 
@@ -841,8 +844,9 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
     last, the supply of the heaviest adapters (``supply_gpus_excluded``, same assumptions), with
-    ``supply_checks`` GPU checks: few on a solve's path (``SUPPLY_SOLVE_CHECKS``, about a minute),
-    ``supply_exclusion.SUPPLY_CHECKS`` in the studies; a study's cached success counts for both."""
+    ``supply_checks`` GPU checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies (minutes
+    on many adapters), none on a solve's path (``SUPPLY_SOLVE_CHECKS``), which takes a study's
+    cached success only."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
@@ -857,7 +861,7 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if (lb == 2 and len(inst.adapters) <= CERT_PAIR_MAX_ADAPTERS
             and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):
         return target
-    if supply_checks > 0 and supply_gpus_excluded(inst, lb, duration_s, workers, supply_checks):
+    if supply_gpus_excluded(inst, lb, duration_s, workers, supply_checks):
         return target
     return lb
 

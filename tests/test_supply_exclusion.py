@@ -224,7 +224,7 @@ def test_a_certificate_tries_the_supply_exclusion_last(monkeypatch):
     assert F.supply_gpus_excluded(same, 3, 120.0) is False
 
 
-def test_a_studys_cached_success_holds_for_a_solves_smaller_budget(tmp_path, monkeypatch):
+def test_a_studys_cached_success_holds_for_a_solve(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import optim.supply_exclusion as S
@@ -245,10 +245,11 @@ def test_a_studys_cached_success_holds_for_a_solves_smaller_budget(tmp_path, mon
         budgets.append(checks)
         return checks >= S.SUPPLY_CHECKS
     monkeypatch.setattr(S, "supply_excluded", fake)
+    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=0) is False   # nothing cached
     assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is False
     assert F.supply_gpus_excluded(inst, 3, 120.0) is True             # the study's budget
     assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is True
-    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=9) is True
+    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=0) is True
     assert budgets == [8, S.SUPPLY_CHECKS]
 
 
