@@ -815,7 +815,11 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
         ads = [Adapter(f"s{i:05d}", r0, float(q) / per) for i, q in enumerate(loads) if q > 0]
         return gpu_excluded(inst, ads, r0, duration_s, workers)
 
-    out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks)
+    from tqdm import tqdm
+    with tqdm(total=checks, desc=f"{inst.name}: supply checks, {k} GPUs", unit="check",
+              leave=False) as bar:
+        out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks,
+                              progress=lambda _msg: bar.update(1))
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
                     "k": int(k), "duration_s": float(duration_s), "max_checks": checks})
     return out

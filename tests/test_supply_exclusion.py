@@ -241,7 +241,7 @@ def test_a_studys_cached_success_holds_for_a_solve(tmp_path, monkeypatch):
                         lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
     budgets = []
 
-    def fake(loads, k, total, cap, check, checks):
+    def fake(loads, k, total, cap, check, checks, progress=None):
         budgets.append(checks)
         return checks >= S.SUPPLY_CHECKS
     monkeypatch.setattr(S, "supply_excluded", fake)
