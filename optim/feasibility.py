@@ -798,12 +798,11 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     checks = SUPPLY_CHECKS if max_checks is None else int(max_checks)
     r0 = _smallest_rank(inst)
 
-    def key_of(budget: int) -> str:
-        return _gpu_key(inst, inst.adapters, r0, duration_s,
-                        what=f"supply_gpus_excluded/{SUPPLY_VERSION}/{int(k)}/{budget}")
-    key = key_of(checks)
-    for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):   # a study's success holds too
-        hit = _disk_get(key_of(budget))
+    keys = {budget: _gpu_key(inst, inst.adapters, r0, duration_s,
+                             what=f"supply_gpus_excluded/{SUPPLY_VERSION}/{int(k)}/{budget}")
+            for budget in (SUPPLY_CHECKS, checks)}          # a study's success holds too
+    for budget, key in keys.items():
+        hit = _disk_get(key)
         if hit is not None and (hit["excluded"] or budget == checks):
             return bool(hit["excluded"])
     if checks <= 0:
@@ -811,8 +810,9 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
     per = inst.mean_tokens
 
-    def check(loads: np.ndarray) -> bool:
-        ads = [Adapter(f"s{i:05d}", r0, float(q) / per) for i, q in enumerate(loads) if q > 0]
+    def check(test_loads: np.ndarray) -> bool:
+        ads = [Adapter(f"s{i:05d}", r0, float(q) / per)
+               for i, q in enumerate(test_loads) if q > 0]
         return gpu_excluded(inst, ads, r0, duration_s, workers)
 
     from tqdm import tqdm
@@ -820,8 +820,9 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
               leave=False) as bar:
         out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks,
                               progress=lambda _msg: bar.update(1))
-    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
-                    "k": int(k), "duration_s": float(duration_s), "max_checks": checks})
+    _disk_put(keys[checks], {"excluded": out, "instance": inst.name,
+                             "adapters": len(inst.adapters), "k": int(k),
+                             "duration_s": float(duration_s), "max_checks": checks})
     return out
 
 

@@ -47,6 +47,7 @@ not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -85,6 +86,22 @@ class SupplyGroup:
     def rest_cap(self) -> float:
         return float(self.rest[-1]) if len(self.rest) else 0.0
 
+    @cached_property
+    def load_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ok, least, most), arrays over (m, h) of shape (n + 1, t + 1): whether a GPU can hold
+        ``m`` of the adapters with ``h`` from the group, and the least and most load of such a
+        GPU (sums of the lightest and heaviest ``h`` of the group and ``m - h`` of the others)."""
+        def cum(x):
+            return np.concatenate([[0.0], np.cumsum(x)])
+        m = np.arange(self.n + 1)[:, None]
+        h = np.arange(self.t + 1)[None, :]
+        j = m - h
+        ok = (j >= 0) & (j <= len(self.rest))
+        jj = np.clip(j, 0, len(self.rest))
+        least = cum(self.top[::-1])[h] + cum(self.rest)[jj]
+        most = cum(self.top)[h] + cum(self.rest[::-1])[jj]
+        return ok, least, most
+
 
 def top_group_size(loads: Sequence[float], rtol: float = 1e-9) -> int:
     """Adapters at the largest load (within ``rtol``): the default group."""
@@ -106,12 +123,10 @@ def shape_ok(g: SupplyGroup, m: int, h: int) -> bool:
 
 
 def load_range(g: SupplyGroup, m: int, h: int) -> tuple[float, float]:
-    """(least, most) load of ``m`` of the instance's adapters with ``h`` from the group."""
-    top_asc = g.top[::-1]
-    lo = float(top_asc[:h].sum() + g.rest[:m - h].sum())
-    hi = float(g.top[:h].sum() + g.rest[len(g.rest) - (m - h):].sum()) if m - h > 0 \
-        else float(g.top[:h].sum())
-    return lo, hi
+    """(least, most) load of ``m`` of the instance's adapters with ``h`` from the group
+    (a shape :func:`shape_ok` allows)."""
+    _, least, most = g.load_bounds
+    return float(least[m, h]), float(most[m, h])
 
 
 def least_work_loads(g: SupplyGroup, m: int, h: int, load_tps: float) -> np.ndarray | None:
@@ -167,36 +182,22 @@ def best_vector(U: np.ndarray, k: int) -> tuple[float, list[tuple[int, int]]]:
     if k == 1:
         v = float(U[n, t])
         return (v, [(n, t)]) if np.isfinite(v) else (_NEG, [])
-    # the last GPU against the target (n, t) only
-    last = tables[-1]
-    best, arg = _NEG, None
-    for m in range(n + 1):
-        for h in range(t + 1):
-            if U[m, h] == _NEG or last[n - m, t - h] == _NEG:
-                continue
-            v = last[n - m, t - h] + U[m, h]
-            if v > best:
-                best, arg = v, (m, h)
-    if arg is None:
+    # the last GPU against the target (n, t) only: cand[m, h] = U[m, h] + rest[n - m, t - h]
+    cand = U + tables[-1][::-1, ::-1]
+    arg = np.unravel_index(int(np.argmax(cand)), cand.shape)
+    best = float(cand[arg])
+    if not np.isfinite(best):
         return _NEG, []
-    shapes = [arg]
-    M, H = n - arg[0], t - arg[1]
+    shapes = [(int(arg[0]), int(arg[1]))]
+    M, H = n - shapes[0][0], t - shapes[0][1]
     for level in range(len(tables) - 1, 0, -1):   # tables[level] = level + 1 GPUs
-        prev = tables[level - 1]
         want = tables[level][M, H]
-        found = None
-        for m in range(M + 1):
-            for h in range(H + 1):
-                if U[m, h] != _NEG and prev[M - m, H - h] != _NEG \
-                        and prev[M - m, H - h] + U[m, h] >= want - 1e-9 * max(1.0, abs(want)):
-                    found = (m, h)
-                    break
-            if found:
-                break
-        shapes.append(found)
-        M, H = M - found[0], H - found[1]
+        cand = U[:M + 1, :H + 1] + tables[level - 1][M::-1, H::-1]
+        m, h = np.argwhere(cand >= want - 1e-9 * max(1.0, abs(want)))[0]
+        shapes.append((int(m), int(h)))
+        M, H = M - int(m), H - int(h)
     shapes.append((M, H))
-    return float(best), shapes
+    return best, shapes
 
 
 def grid_count(m: int, h: int) -> int:
@@ -227,17 +228,7 @@ def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
     no check has shown failing there (``tol`` below the shape's least load when none was
     checked: a failure at that load rules the shape out)."""
     n, t = g.n, g.t
-    top_lo = np.concatenate([[0.0], np.cumsum(g.top[::-1])])      # h lightest of the group
-    top_hi = np.concatenate([[0.0], np.cumsum(g.top)])            # h heaviest
-    rest_lo = np.concatenate([[0.0], np.cumsum(g.rest)])          # j lightest others
-    rest_hi = np.concatenate([[0.0], np.cumsum(g.rest[::-1])])    # j heaviest
-    m = np.arange(n + 1)[:, None]
-    h = np.arange(t + 1)[None, :]
-    j = m - h
-    ok = (j >= 0) & (j <= len(g.rest))
-    jj = np.clip(j, 0, len(g.rest))
-    lo = top_lo[h] + rest_lo[jj]
-    hi = top_hi[h] + rest_hi[jj]
+    ok, lo, hi = g.load_bounds
     fail = np.full((n + 1, t + 1), np.inf)
     floor = np.full((n + 1, t + 1), -np.inf)
     for hh, pts in cells.fails.items():
