@@ -790,7 +790,8 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     checks (default ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached success of that
     default). Cached on disk."""
     from .capacity import _disk_get, _disk_put
-    from .supply_exclusion import SUPPLY_CHECKS, SUPPLY_VERSION, supply_excluded, top_group_size
+    from .supply_exclusion import (SUPPLY_CHECKS, SUPPLY_SOUND_VERSIONS, SUPPLY_VERSION,
+                                   supply_excluded, top_group_size)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     loads = [inst.load_tps(a) for a in inst.adapters]
     if k < 2 or not 1 <= top_group_size(loads) < len(loads):
@@ -798,13 +799,16 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     checks = SUPPLY_CHECKS if max_checks is None else int(max_checks)
     r0 = _smallest_rank(inst)
 
-    keys = {budget: _gpu_key(inst, inst.adapters, r0, duration_s,
-                             what=f"supply_gpus_excluded/{SUPPLY_VERSION}/{int(k)}/{budget}")
-            for budget in (SUPPLY_CHECKS, checks)}          # a study's success holds too
-    for budget, key in keys.items():
-        hit = _disk_get(key)
-        if hit is not None and (hit["excluded"] or budget == checks):
-            return bool(hit["excluded"])
+    def key(version: int, budget: int) -> str:
+        return _gpu_key(inst, inst.adapters, r0, duration_s,
+                        what=f"supply_gpus_excluded/{version}/{int(k)}/{budget}")
+
+    for version in sorted(SUPPLY_SOUND_VERSIONS, reverse=True):
+        for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):   # a study's success holds too,
+            hit = _disk_get(key(version, budget))                # and an earlier search's
+            if hit is not None and (hit["excluded"] or (budget == checks
+                                                        and version == SUPPLY_VERSION)):
+                return bool(hit["excluded"])
     if checks <= 0:
         return False
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
@@ -820,7 +824,7 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
               leave=False) as bar:
         out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks,
                               progress=lambda _msg: bar.update(1))
-    _disk_put(keys[checks], {"excluded": out, "instance": inst.name,
+    _disk_put(key(SUPPLY_VERSION, checks), {"excluded": out, "instance": inst.name,
                              "adapters": len(inst.adapters), "k": int(k),
                              "duration_s": float(duration_s), "max_checks": checks})
     return out

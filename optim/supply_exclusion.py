@@ -29,6 +29,15 @@ entry); ``T(m + 1, E, h)`` fails when ``T(m, E, h)`` does (``T(m, E, h)`` with o
 majorizes it). So one failure at ``(m0, h, E0)`` shows that no accepted GPU with ``m >= m0``
 adapters, ``h`` of them from the group, carries ``E0`` or more.
 
+**Fewer from the group.** When every group adapter offers the same load ``l`` (the default
+group), ``T(m, E, h)`` majorizes ``T(m, E, h - 1)`` wherever both exist (the group adapter it
+has more sits at ``l``, which the other spreads over lighter ones capped at ``w <= l``; checked
+on sampled instances in the tests). So a failure of ``T(m0, E, h0)`` shows that no accepted GPU
+with ``m >= m0`` adapters and ``h <= h0`` from the group carries ``max(E, least(m, h0))`` or more
+(``least``: the lightest load of ``m`` adapters with ``h0`` from the group): such a GPU's load
+lies in the range of every shape ``(m, h')``, ``h <= h' <= h0``, so the chain from ``T(m, ., h0)``
+down to ``T(m, ., h)`` exists at it.
+
 **Bound.** With ``U(m, h)`` an upper bound on the load an accepted GPU of that shape carries
 (the failures above, the most such adapters offer, and the count-aware cap of every GPU),
 k GPUs are excluded when::
@@ -53,7 +62,8 @@ from typing import Callable, Sequence
 import numpy as np
 from numba import njit
 
-SUPPLY_VERSION = 2              # bump when the search changes (results are cached on disk)
+SUPPLY_VERSION = 3              # bump when the search changes (results are cached on disk)
+SUPPLY_SOUND_VERSIONS = (2, 3)  # versions whose cached exclusions still hold (proofs)
 SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
 SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
 SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
@@ -210,16 +220,29 @@ def grid_count(m: int, h: int) -> int:
 @dataclass
 class _Cells:
     """Failures (every accepted GPU of the shape carries less) and non-failures per group
-    count ``h``: lists of (adapters, load)."""
+    count ``h``: lists of (adapters, load). With ``group`` set (a uniform group, module
+    docstring, **Fewer from the group**) a failure at ``h0`` also bounds every ``h < h0``."""
 
     fails: dict
     passes: dict
+    group: SupplyGroup | None = None
 
     def upper(self, m: int, h: int) -> float:
-        return min((e for m0, e in self.fails.get(h, ()) if m0 <= m), default=np.inf)
+        own = min((e for m0, e in self.fails.get(h, ()) if m0 <= m), default=np.inf)
+        if self.group is None:
+            return own
+        _, least, _ = self.group.load_bounds
+        return min([own] + [max(e, float(least[m, h0])) for h0, pts in self.fails.items()
+                            if h0 > h for m0, e in pts if m0 <= m])
 
     def lower(self, m: int, h: int) -> float:
         return max((e for m0, e in self.passes.get(h, ()) if m0 >= m), default=-np.inf)
+
+
+def uniform_group(g: SupplyGroup) -> bool:
+    """Every adapter of the group offers the same load (the default group: those at the
+    largest load), which **Fewer from the group** needs."""
+    return bool(g.top[-1] >= g.top[0] * (1.0 - 1e-12))
 
 
 def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
@@ -234,6 +257,9 @@ def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
     for hh, pts in cells.fails.items():
         for m0, e in pts:
             fail[m0:, hh] = np.minimum(fail[m0:, hh], e)
+            if cells.group is not None and hh > 0:     # ... and fewer from the group
+                below = np.maximum(e, lo[m0:, hh])[:, None]
+                fail[m0:, :hh] = np.minimum(fail[m0:, :hh], below)
     for hh, pts in cells.passes.items():
         for m0, e in pts:
             floor[:m0 + 1, hh] = np.maximum(floor[:m0 + 1, hh], e)
@@ -263,7 +289,7 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
     g = supply_group(x, t)
     L = float(total_tps)
     tol = SUPPLY_TOL * L
-    cells = _Cells({}, {})
+    cells = _Cells({}, {}, g if uniform_group(g) else None)
     used = 0
 
     def run(m: int, h: int, e: float) -> bool | None:
@@ -324,6 +350,6 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
             return False
 
 
-__all__ = ["SUPPLY_VERSION", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
-           "supply_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "grid_count",
+__all__ = ["SUPPLY_VERSION", "SUPPLY_SOUND_VERSIONS", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
+           "supply_group", "uniform_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "grid_count",
            "supply_excluded"]

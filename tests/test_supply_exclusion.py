@@ -8,8 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from optim.supply_exclusion import (best_vector, load_range, supply_excluded, supply_group,
-                                    least_work_loads, top_group_size)
+from optim.supply_exclusion import (best_vector, least_work_loads, load_range, shape_ok,
+                                    supply_excluded, supply_group, top_group_size,
+                                    uniform_group)
 
 
 def _prefix(x) -> np.ndarray:
@@ -269,3 +270,66 @@ def test_a_shape_whose_least_load_fails_is_ruled_out():
 
     assert supply_excluded(loads, 2, float(loads.sum()), 1e9, fails_more, 50)
     assert not _feasible_on(list(loads), 2, fails_more)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_more_group_adapter_majorizes_when_the_group_is_uniform(seed):
+    """**Fewer from the group**: T(m, E, h) majorizes T(m, E, h - 1) wherever both exist, when
+    every group adapter offers the same load (the default group)."""
+    rng = np.random.default_rng(seed)
+    tested = 0
+    for _ in range(400):
+        n = int(rng.integers(3, 40))
+        classes = rng.choice([0.5, 1.0, 2.0, 3.0, 5.0, 8.0], size=int(rng.integers(2, 5)),
+                             replace=False)
+        loads = rng.choice(classes, size=n)
+        if len(set(loads)) < 2:
+            continue
+        g = supply_group(loads, top_group_size(loads))
+        assert uniform_group(g)
+        m, h = int(rng.integers(1, n + 1)), int(rng.integers(1, g.t + 1))
+        if not (shape_ok(g, m, h) and shape_ok(g, m, h - 1)):
+            continue
+        lo = max(load_range(g, m, h)[0], load_range(g, m, h - 1)[0])
+        hi = min(load_range(g, m, h)[1], load_range(g, m, h - 1)[1])
+        if lo > hi:
+            continue
+        e = float(rng.uniform(lo, hi))
+        more, fewer = least_work_loads(g, m, h, e), least_work_loads(g, m, h - 1, e)
+        assert np.all(np.cumsum(more) >= np.cumsum(fewer) - 1e-9), (list(loads), m, h, e)
+        tested += 1
+    assert tested >= 50
+    spread = supply_group(np.array([1.0, 2.0, 5.0, 6.0]), 2)     # group loads 6 and 5
+    assert not uniform_group(spread)
+
+
+def test_an_earlier_searchs_success_holds_but_not_its_failure(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import optim.supply_exclusion as S
+    from optim import feasibility as F
+    from optim.capacity import _disk_put
+    from optim.instance import instance_from_dict
+
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = instance_from_dict({
+        "name": "supply-versions", "adapters": [{"id": f"a{i:03d}", "rank": 8,
+                                                 "rate": 2.0 if i < 4 else 0.5}
+                                                for i in range(20)],
+        "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct", "count": 8}],
+        "duration_s": 120.0})
+    monkeypatch.setattr(F, "twin_lower_bound",
+                        lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
+    calls = []
+    monkeypatch.setattr(S, "supply_excluded", lambda *a, **k: calls.append(1) or False)
+    old = min(S.SUPPLY_SOUND_VERSIONS)
+    assert old < S.SUPPLY_VERSION
+
+    def put(k, excluded):
+        _disk_put(F._gpu_key(inst, inst.adapters, 8, 120.0,
+                             what=f"supply_gpus_excluded/{old}/{k}/{S.SUPPLY_CHECKS}"),
+                  {"excluded": excluded})
+    put(3, False)                   # an earlier search's "not shown" is searched again ...
+    assert F.supply_gpus_excluded(inst, 3, 120.0) is False and calls == [1]
+    put(4, True)                    # ... its exclusion is a proof and holds
+    assert F.supply_gpus_excluded(inst, 4, 120.0, max_checks=0) is True and calls == [1]
