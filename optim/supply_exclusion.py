@@ -46,6 +46,15 @@ k GPUs are excluded when::
 
 (a max-plus recursion over (adapters, group adapters); :func:`best_vector`).
 
+**Ranks.** A GPU runs at the largest rank of its adapters (vLLM's ``--max-lora-rank``), and a
+higher server rank makes every step slower. When the instance mixes ranks, the adapters of its
+largest rank ``R`` (``c`` of them, ``t_R`` in the group) need *high* GPUs, which run at ``R``;
+the other GPUs are *low* and are checked at the instance's smallest rank, as before. The high
+GPUs of a placement hold all ``c`` of them, so together at least ``c`` adapters and ``t_R`` of
+the group; :func:`best_vector_ranked` maximises over the number of high GPUs and their shapes
+under those two sums. A test GPU that fails low fails high (lowering the server's rank never
+makes a GPU starve, the same premise), so low failures bound both kinds.
+
 **Search** (:func:`supply_excluded`). Lazy: solve the recursion with the current ``U``, check the
 cells of its best vector at loads that would bring the sum down to ``L`` (each cell at a
 smaller adapter count on a coarse grid first, which covers more cells), record failures and
@@ -210,6 +219,64 @@ def best_vector(U: np.ndarray, k: int) -> tuple[float, list[tuple[int, int]]]:
     return best, shapes
 
 
+def _folds(U: np.ndarray, count: int) -> list[np.ndarray]:
+    """tables[i][M, H] = best sum of U over i GPU shapes summing to (M, H), i = 0..count
+    (tables[0]: 0 at (0, 0) only, no GPU)."""
+    zero = np.full(U.shape, _NEG)
+    zero[0, 0] = 0.0
+    tables = [zero]
+    for i in range(count):
+        tables.append(U.copy() if i == 0 else _maxplus(tables[-1], U))
+    return tables
+
+
+def _split(U: np.ndarray, tables: list[np.ndarray], count: int, M: int, H: int
+           ) -> list[tuple[int, int]]:
+    """``count`` shapes attaining ``tables[count][M, H]`` (backtracking :func:`_folds`)."""
+    shapes = []
+    for level in range(count, 1, -1):
+        want = tables[level][M, H]
+        cand = U[:M + 1, :H + 1] + tables[level - 1][M::-1, H::-1]
+        m, h = np.argwhere(cand >= want - 1e-9 * max(1.0, abs(want)))[0]
+        shapes.append((int(m), int(h)))
+        M, H = M - int(m), H - int(h)
+    return shapes + [(M, H)] if count >= 1 else []
+
+
+def best_vector_ranked(U_low: np.ndarray, U_high: np.ndarray, k: int, c_high: int,
+                       t_high: int) -> tuple[float, list[tuple[int, int, int]]]:
+    """Like :func:`best_vector` with two kinds of GPU (module docstring, **Ranks**): ``j >= 1``
+    GPUs bounded by ``U_high`` that hold together at least ``c_high`` adapters and ``t_high``
+    of the group, and ``k - j`` bounded by ``U_low``. Returns (max sum, shapes as (kind, m,
+    h) with kind 1 for a high GPU, 0 for a low one); (-inf, []) when none exists."""
+    n, t = U_low.shape[0] - 1, U_low.shape[1] - 1
+    if k < 1:
+        raise ValueError(f"best_vector_ranked: k must be >= 1, got {k}")
+    high = _folds(U_high, k - 1)
+    low = _folds(U_low, k - 1)
+    M = np.arange(n + 1)[:, None]
+    H = np.arange(t + 1)[None, :]
+    need = (M >= c_high) & (H >= t_high)
+    best, pick = _NEG, None
+    for j in range(1, k + 1):
+        if j == k:               # every GPU high: the last one against (n, t)
+            cand = U_high + high[k - 1][::-1, ::-1]
+        else:
+            cand = np.where(need, high[j] + low[k - j][::-1, ::-1], _NEG)
+        arg = np.unravel_index(int(np.argmax(cand)), cand.shape)
+        if cand[arg] > best:
+            best, pick = float(cand[arg]), (j, int(arg[0]), int(arg[1]))
+    if pick is None or not np.isfinite(best):
+        return _NEG, []
+    j, m, h = pick
+    if j == k:
+        shapes = [(1, m, h)] + [(1, a, b) for a, b in _split(U_high, high, k - 1, n - m, t - h)]
+    else:
+        shapes = ([(1, a, b) for a, b in _split(U_high, high, j, m, h)]
+                  + [(0, a, b) for a, b in _split(U_low, low, k - j, n - m, t - h)])
+    return best, shapes
+
+
 def grid_count(m: int, h: int) -> int:
     """The adapter count a cell is checked at first: ``m`` rounded down to a grid of about 16
     steps per doubling, never below ``h`` or 1 (a failure there covers every larger count)."""
@@ -272,14 +339,15 @@ def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
 
 
 def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tps: float,
-                    check: Callable[[np.ndarray], bool], max_checks: int = SUPPLY_CHECKS,
-                    t: int | None = None, progress: Callable[[str], None] | None = None
-                    ) -> bool:
+                    check: Callable[..., bool], max_checks: int = SUPPLY_CHECKS,
+                    t: int | None = None, progress: Callable[[str], None] | None = None,
+                    high: Sequence[bool] | None = None) -> bool:
     """True when no placement of adapters with ``loads`` on ``k`` GPUs has every GPU accepted,
     shown by the group supply (module docstring); False when not shown within ``max_checks``
-    calls of ``check(least_work_loads) -> excluded`` (one GPU check each). ``gpu_cap_tps``: a load no
-    accepted GPU carries more of (the count-aware cap); ``t``: group size (default: the
-    adapters at the largest load)."""
+    calls of ``check(least_work_loads) -> excluded`` (one GPU check each). ``gpu_cap_tps``: a
+    load no accepted GPU carries more of (the count-aware cap); ``t``: group size (default: the
+    adapters at the largest load). ``high``: which adapters need a high GPU (module docstring,
+    **Ranks**); then the checks are ``check(least_work_loads, high_gpu: bool)``."""
     x = np.asarray(loads, dtype=float)
     if k < 1 or len(x) < 2:
         return False
@@ -289,67 +357,84 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
     g = supply_group(x, t)
     L = float(total_tps)
     tol = SUPPLY_TOL * L
-    cells = _Cells({}, {}, g if uniform_group(g) else None)
+    ranked = high is not None and 0 < int(np.sum(high)) < len(x)
+    if ranked:
+        hi = np.asarray(high, bool)
+        order = np.argsort(-x, kind="stable")          # the group: the t heaviest
+        c_high, t_high = int(hi.sum()), int(hi[order[:t]].sum())
+    kinds = (0, 1) if ranked else (0,)
+    cells = {kind: _Cells({}, {}, g if uniform_group(g) else None) for kind in kinds}
     used = 0
 
-    def run(m: int, h: int, e: float) -> bool | None:
-        """Check T(m, e, h); None when it cannot be checked."""
+    def run(kind: int, m: int, h: int, e: float) -> bool | None:
+        """Check T(m, e, h) on a GPU of ``kind``; None when it cannot be checked."""
         nonlocal used
         vec = least_work_loads(g, m, h, e)
         if vec is None or m > SUPPLY_MAX_GPU_ADAPTERS or used >= max_checks:
             return None
         used += 1
-        out = bool(check(vec))
-        (cells.fails if out else cells.passes).setdefault(h, []).append((m, float(e)))
+        out = bool(check(vec, bool(kind)) if ranked else check(vec))
+        c = cells[kind]
+        (c.fails if out else c.passes).setdefault(h, []).append((m, float(e)))
+        if ranked and out != bool(kind):     # a low GPU that fails fails high too, and a
+            other = cells[1 - kind]          # high one not shown failing is not low either
+            (other.fails if out else other.passes).setdefault(h, []).append((m, float(e)))
         if progress is not None:
-            progress(f"supply check {used}: {m} adapters ({h} of the {t} heaviest) at "
+            what = ("high-rank GPU, " if kind else "low-rank GPU, ") if ranked else ""
+            progress(f"supply check {used}: {what}{m} adapters ({h} of the {t} heaviest) at "
                      f"{e:,.0f} tok/s: {'fails' if out else 'not shown failing'}")
         return out
 
-    def _gallop(m: int, h: int, e: float) -> None:
+    def _gallop(kind: int, m: int, h: int, e: float) -> None:
         """After a failure at (m, h, e): the same load at fewer adapters (a failure there
         covers more shapes), while it fails, at most ``GALLOP_STEPS`` times."""
         for _ in range(GALLOP_STEPS):
             m2 = grid_count(max(h, 1, int(m * GALLOP_RATIO)), h)
-            if m2 >= m or e <= cells.lower(m2, h) or not run(m2, h, e):
+            if m2 >= m or e <= cells[kind].lower(m2, h) or not run(kind, m2, h, e):
                 return
             m = m2
 
     while True:
-        U, F = _table(g, cells, gpu_cap_tps, tol)
-        best, shapes = best_vector(U, k)
+        tabs = {kind: _table(g, cells[kind], gpu_cap_tps, tol) for kind in kinds}
+        if ranked:
+            best, shapes = best_vector_ranked(tabs[0][0], tabs[1][0], k, c_high, t_high)
+        else:
+            best, shapes = best_vector(tabs[0][0], k)
+            shapes = [(0, m, h) for m, h in shapes]
         if best < L * (1.0 - 1e-9):          # the bounds hold with equality at the most
             return True
-        shapes = [s for s in shapes if s[0] > 0]
-        ub = np.array([U[s] for s in shapes])
-        fl = np.array([F[s] for s in shapes])
-        if all(cells.lower(*s) > -np.inf for s in shapes) and fl.sum() >= L - tol:
+        shapes = [s for s in shapes if s[1] > 0]
+        ub = np.array([tabs[kd][0][m, h] for kd, m, h in shapes])
+        fl = np.array([tabs[kd][1][m, h] for kd, m, h in shapes])
+        if (all(cells[kd].lower(m, h) > -np.inf for kd, m, h in shapes)
+                and fl.sum() >= L - tol):
             return False                      # these shapes were not shown failing at L
         room = np.where(ub - fl >= tol * (1 - 1e-9), ub - fl, 0.0)   # loads left to check
         if room.sum() <= 0:
             return False
         need = best - L + tol
         progressed = False
-        for (m, h), u, r in zip(shapes, ub, room):
+        for (kd, m, h), u, r in zip(shapes, ub, room):
             if r <= 0:
                 continue
-            target = max(u - need * r / room.sum(), F[m, h] + tol)
-            if target >= cells.upper(m, h):
+            c = cells[kd]
+            target = max(u - need * r / room.sum(), tabs[kd][1][m, h] + tol)
+            if target >= c.upper(m, h):
                 continue
             for mm in dict.fromkeys((grid_count(m, h), m)):
-                if target >= cells.upper(mm, h) or target <= cells.lower(mm, h):
+                if target >= c.upper(mm, h) or target <= c.lower(mm, h):
                     continue
-                out = run(mm, h, target)
+                out = run(kd, mm, h, target)
                 if out is None:               # outside that count's loads, or out of checks
                     continue
                 progressed = True
                 if out:
-                    _gallop(mm, h, target)
+                    _gallop(kd, mm, h, target)
                     break
         if not progressed:
             return False
 
 
 __all__ = ["SUPPLY_VERSION", "SUPPLY_SOUND_VERSIONS", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
-           "supply_group", "uniform_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "grid_count",
+           "supply_group", "uniform_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "best_vector_ranked", "grid_count",
            "supply_excluded"]
