@@ -786,8 +786,8 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     ``k`` GPUs, shown by the supply of its heaviest adapters (``optim.supply_exclusion``: every
     GPU shape (adapters, how many of the heaviest) bounded by the least-work such GPU failing
     at every Amax, :func:`gpu_excluded` with its spread margin, and by the count-aware cap; the
-    shapes of k GPUs cannot carry the load; with mixed ranks, the GPUs holding the largest rank's
-    adapters are checked at that rank, the others at the smallest). False when not shown within ``max_checks`` GPU
+    shapes of k GPUs cannot carry the load; with mixed ranks, each GPU is checked at the largest rank
+    it holds, and the GPUs of each rank or above hold every adapter of those ranks). False when not shown within ``max_checks`` GPU
     checks (default ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached success of that
     default). Cached on disk."""
     from .capacity import _disk_get, _disk_put
@@ -815,19 +815,18 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
     per = inst.mean_tokens
 
-    r_max = max(a.rank for a in inst.adapters)
-    high = [a.rank == r_max for a in inst.adapters] if r_max > r0 else None
+    ranks = [a.rank for a in inst.adapters]
 
-    def check(test_loads: np.ndarray, high_gpu: bool = False) -> bool:
+    def check(test_loads: np.ndarray, rank: int = r0) -> bool:
         ads = [Adapter(f"s{i:05d}", r0, float(q) / per)
                for i, q in enumerate(test_loads) if q > 0]
-        return gpu_excluded(inst, ads, r_max if high_gpu else r0, duration_s, workers)
+        return gpu_excluded(inst, ads, rank, duration_s, workers)
 
     from tqdm import tqdm
     with tqdm(total=checks, desc=f"{inst.name}: supply checks, {k} GPUs", unit="check",
               leave=False) as bar:
         out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks,
-                              progress=lambda _msg: bar.update(1), high=high)
+                              progress=lambda _msg: bar.update(1), ranks=ranks)
     _disk_put(key(SUPPLY_VERSION, checks), {"excluded": out, "instance": inst.name,
                              "adapters": len(inst.adapters), "k": int(k),
                              "duration_s": float(duration_s), "max_checks": checks})

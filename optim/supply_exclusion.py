@@ -47,13 +47,14 @@ k GPUs are excluded when::
 (a max-plus recursion over (adapters, group adapters); :func:`best_vector`).
 
 **Ranks.** A GPU runs at the largest rank of its adapters (vLLM's ``--max-lora-rank``), and a
-higher server rank makes every step slower. When the instance mixes ranks, the adapters of its
-largest rank ``R`` (``c`` of them, ``t_R`` in the group) need *high* GPUs, which run at ``R``;
-the other GPUs are *low* and are checked at the instance's smallest rank, as before. The high
-GPUs of a placement hold all ``c`` of them, so together at least ``c`` adapters and ``t_R`` of
-the group; :func:`best_vector_ranked` maximises over the number of high GPUs and their shapes
-under those two sums. A test GPU that fails low fails high (lowering the server's rank never
-makes a GPU starve, the same premise), so low failures bound both kinds.
+higher server rank makes every step slower. When the instance mixes ranks ``r_0 < ... <
+r_{q-1}``, a GPU's *level* is its largest rank, and it is checked at that rank (its test
+adapters' own ranks lowered to ``r_0``: they only set load times). The GPUs of level ``>= l``
+hold every adapter of rank ``>= r_l``, so together at least that many adapters and that many of
+the group; :func:`best_vector_levels` maximises over how many GPUs each level has and their
+shapes under those sums. A test GPU that fails at a rank fails at every higher one (lowering
+the server's rank never makes a GPU starve, the same premise), so failures bound the levels
+above too.
 
 **Search** (:func:`supply_excluded`). Lazy: solve the recursion with the current ``U``, check the
 cells of its best vector at loads that would bring the sum down to ``L`` (each cell at a
@@ -243,38 +244,59 @@ def _split(U: np.ndarray, tables: list[np.ndarray], count: int, M: int, H: int
     return shapes + [(M, H)] if count >= 1 else []
 
 
-def best_vector_ranked(U_low: np.ndarray, U_high: np.ndarray, k: int, c_high: int,
-                       t_high: int) -> tuple[float, list[tuple[int, int, int]]]:
-    """Like :func:`best_vector` with two kinds of GPU (module docstring, **Ranks**): ``j >= 1``
-    GPUs bounded by ``U_high`` that hold together at least ``c_high`` adapters and ``t_high``
-    of the group, and ``k - j`` bounded by ``U_low``. Returns (max sum, shapes as (kind, m,
-    h) with kind 1 for a high GPU, 0 for a low one); (-inf, []) when none exists."""
-    n, t = U_low.shape[0] - 1, U_low.shape[1] - 1
-    if k < 1:
-        raise ValueError(f"best_vector_ranked: k must be >= 1, got {k}")
-    high = _folds(U_high, k - 1)
-    low = _folds(U_low, k - 1)
+def best_vector_levels(Us: Sequence[np.ndarray], k: int, needs: Sequence[tuple[int, int]]
+                       ) -> tuple[float, list[tuple[int, int, int]]]:
+    """Like :func:`best_vector` with GPUs of ``q`` levels (module docstring, **Ranks**):
+    ``Us[l]`` bounds a GPU of level ``l`` (ascending rank), and the GPUs of level ``>= l``
+    hold together at least ``needs[l] = (adapters, group adapters)`` (``needs[0]`` is
+    ignored). Returns (max sum over k GPUs, shapes as (level, m, h)); (-inf, []) when none
+    exists."""
+    q = len(Us)
+    n, t = Us[0].shape[0] - 1, Us[0].shape[1] - 1
+    if k < 1 or q < 1:
+        raise ValueError(f"best_vector_levels: k and the levels must be >= 1, got {k}, {q}")
     M = np.arange(n + 1)[:, None]
     H = np.arange(t + 1)[None, :]
-    need = (M >= c_high) & (H >= t_high)
-    best, pick = _NEG, None
-    for j in range(1, k + 1):
-        if j == k:               # every GPU high: the last one against (n, t)
-            cand = U_high + high[k - 1][::-1, ::-1]
-        else:
-            cand = np.where(need, high[j] + low[k - j][::-1, ::-1], _NEG)
-        arg = np.unravel_index(int(np.argmax(cand)), cand.shape)
-        if cand[arg] > best:
-            best, pick = float(cand[arg]), (j, int(arg[0]), int(arg[1]))
-    if pick is None or not np.isfinite(best):
+
+    def mask(level: int) -> np.ndarray:
+        c, th = needs[level] if level > 0 else (0, 0)
+        return (M >= c) & (H >= th)
+
+    folds = [_folds(U, k) for U in Us]
+    top = mask(q - 1)
+    C = [np.where(top, folds[q - 1][j], _NEG) for j in range(k + 1)]
+    stages = []                  # per lower level: (C of the levels above, its folds)
+    for level in range(q - 2, -1, -1):
+        ok = mask(level)
+        new = []
+        for j in range(k + 1):
+            best = np.full(C[0].shape, _NEG)
+            for i in range(j + 1):
+                best = np.maximum(best, _maxplus(C[j - i], folds[level][i]))
+            new.append(np.where(ok, best, _NEG))
+        stages.append((level, C))
+        C = new
+    value = float(C[k][n, t])
+    if not np.isfinite(value):
         return _NEG, []
-    j, m, h = pick
-    if j == k:
-        shapes = [(1, m, h)] + [(1, a, b) for a, b in _split(U_high, high, k - 1, n - m, t - h)]
-    else:
-        shapes = ([(1, a, b) for a, b in _split(U_high, high, j, m, h)]
-                  + [(0, a, b) for a, b in _split(U_low, low, k - j, n - m, t - h)])
-    return best, shapes
+    shapes: list[tuple[int, int, int]] = []
+    j, Mc, Hc, want = k, n, t, value
+    for level, above in reversed(stages):       # peel the lowest level first
+        tol = 1e-9 * max(1.0, abs(want))
+        found = None
+        for i in range(j + 1):
+            low = folds[level][i][:Mc + 1, :Hc + 1]
+            cand = low + above[j - i][Mc::-1, Hc::-1]
+            hit = np.argwhere(cand >= want - tol)
+            if len(hit):
+                m, h = (int(v) for v in hit[0])
+                found = (i, m, h, float(low[m, h]))
+                break
+        i, m, h, part = found
+        shapes += [(level, a, b) for a, b in _split(Us[level], folds[level], i, m, h)]
+        j, Mc, Hc, want = j - i, Mc - m, Hc - h, want - part
+    shapes += [(q - 1, a, b) for a, b in _split(Us[q - 1], folds[q - 1], j, Mc, Hc)]
+    return value, shapes
 
 
 def grid_count(m: int, h: int) -> int:
@@ -341,13 +363,13 @@ def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
 def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tps: float,
                     check: Callable[..., bool], max_checks: int = SUPPLY_CHECKS,
                     t: int | None = None, progress: Callable[[str], None] | None = None,
-                    high: Sequence[bool] | None = None) -> bool:
+                    ranks: Sequence[int] | None = None) -> bool:
     """True when no placement of adapters with ``loads`` on ``k`` GPUs has every GPU accepted,
     shown by the group supply (module docstring); False when not shown within ``max_checks``
     calls of ``check(least_work_loads) -> excluded`` (one GPU check each). ``gpu_cap_tps``: a
     load no accepted GPU carries more of (the count-aware cap); ``t``: group size (default: the
-    adapters at the largest load). ``high``: which adapters need a high GPU (module docstring,
-    **Ranks**); then the checks are ``check(least_work_loads, high_gpu: bool)``."""
+    adapters at the largest load). ``ranks``: each adapter's rank (module docstring, **Ranks**);
+    when they differ the checks are ``check(least_work_loads, rank)``."""
     x = np.asarray(loads, dtype=float)
     if k < 1 or len(x) < 2:
         return False
@@ -357,12 +379,15 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
     g = supply_group(x, t)
     L = float(total_tps)
     tol = SUPPLY_TOL * L
-    ranked = high is not None and 0 < int(np.sum(high)) < len(x)
+    levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [0]
+    ranked = len(levels) > 1
+    needs = [(0, 0)] * len(levels)
     if ranked:
-        hi = np.asarray(high, bool)
-        order = np.argsort(-x, kind="stable")          # the group: the t heaviest
-        c_high, t_high = int(hi.sum()), int(hi[order[:t]].sum())
-    kinds = (0, 1) if ranked else (0,)
+        r = np.asarray(ranks, int)
+        in_group = np.zeros(len(x), bool)
+        in_group[np.argsort(-x, kind="stable")[:t]] = True     # the t heaviest
+        needs = [(int(np.sum(r >= v)), int(np.sum((r >= v) & in_group))) for v in levels]
+    kinds = tuple(range(len(levels)))
     cells = {kind: _Cells({}, {}, g if uniform_group(g) else None) for kind in kinds}
     used = 0
 
@@ -373,14 +398,14 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
         if vec is None or m > SUPPLY_MAX_GPU_ADAPTERS or used >= max_checks:
             return None
         used += 1
-        out = bool(check(vec, bool(kind)) if ranked else check(vec))
-        c = cells[kind]
-        (c.fails if out else c.passes).setdefault(h, []).append((m, float(e)))
-        if ranked and out != bool(kind):     # a low GPU that fails fails high too, and a
-            other = cells[1 - kind]          # high one not shown failing is not low either
-            (other.fails if out else other.passes).setdefault(h, []).append((m, float(e)))
+        out = bool(check(vec, levels[kind]) if ranked else check(vec))
+        # a GPU that fails at a rank fails at every higher one; one not shown failing is
+        # not shown failing at a lower one either
+        for other in (kinds[kind:] if out else kinds[:kind + 1]):
+            c = cells[other]
+            (c.fails if out else c.passes).setdefault(h, []).append((m, float(e)))
         if progress is not None:
-            what = ("high-rank GPU, " if kind else "low-rank GPU, ") if ranked else ""
+            what = f"rank {levels[kind]}, " if ranked else ""
             progress(f"supply check {used}: {what}{m} adapters ({h} of the {t} heaviest) at "
                      f"{e:,.0f} tok/s: {'fails' if out else 'not shown failing'}")
         return out
@@ -397,7 +422,7 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
     while True:
         tabs = {kind: _table(g, cells[kind], gpu_cap_tps, tol) for kind in kinds}
         if ranked:
-            best, shapes = best_vector_ranked(tabs[0][0], tabs[1][0], k, c_high, t_high)
+            best, shapes = best_vector_levels([tabs[kd][0] for kd in kinds], k, needs)
         else:
             best, shapes = best_vector(tabs[0][0], k)
             shapes = [(0, m, h) for m, h in shapes]
@@ -436,5 +461,5 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
 
 
 __all__ = ["SUPPLY_VERSION", "SUPPLY_SOUND_VERSIONS", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
-           "supply_group", "uniform_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "best_vector_ranked", "grid_count",
+           "supply_group", "uniform_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "best_vector_levels", "grid_count",
            "supply_excluded"]

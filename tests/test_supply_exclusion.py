@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from optim.supply_exclusion import (best_vector, best_vector_ranked, least_work_loads,
+from optim.supply_exclusion import (best_vector, best_vector_levels, least_work_loads,
                                     load_range, shape_ok,
                                     supply_excluded, supply_group, top_group_size,
                                     uniform_group)
@@ -243,7 +243,7 @@ def test_a_studys_cached_success_holds_for_a_solve(tmp_path, monkeypatch):
                         lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
     budgets = []
 
-    def fake(loads, k, total, cap, check, checks, progress=None, high=None):
+    def fake(loads, k, total, cap, check, checks, progress=None, ranks=None):
         budgets.append(checks)
         return checks >= S.SUPPLY_CHECKS
     monkeypatch.setattr(S, "supply_excluded", fake)
@@ -336,63 +336,69 @@ def test_an_earlier_searchs_success_holds_but_not_its_failure(tmp_path, monkeypa
     assert F.supply_gpus_excluded(inst, 4, 120.0, max_checks=0) is True and calls == [1]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_best_vector_ranked_agrees_with_brute_force(seed):
+@pytest.mark.parametrize("seed", range(8))
+def test_best_vector_levels_agrees_with_brute_force(seed):
     rng = np.random.default_rng(100 + seed)
-    n, t, k = int(rng.integers(3, 7)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    U_low = np.where(rng.random((n + 1, t + 1)) < 0.8, rng.uniform(0, 10, (n + 1, t + 1)),
-                     -np.inf)
-    U_high = np.where(np.isfinite(U_low), U_low - rng.uniform(0, 3, U_low.shape), -np.inf)
-    U_low[0, 0] = U_high[0, 0] = 0.0
-    c, th = int(rng.integers(1, n + 1)), int(rng.integers(0, t + 1))
-    best, shapes = best_vector_ranked(U_low, U_high, k, c, th)
+    n, t, k = int(rng.integers(3, 6)), int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    q = 2 + seed % 2                                     # two or three levels
+    base = np.where(rng.random((n + 1, t + 1)) < 0.8, rng.uniform(0, 10, (n + 1, t + 1)),
+                    -np.inf)
+    Us = [base - lv * rng.uniform(0, 2, base.shape) for lv in range(q)]   # higher: less
+    for U in Us:
+        U[0, 0] = 0.0
+    needs = [(0, 0)]
+    for _ in range(1, q):                               # nested: fewer at higher levels
+        c0, t0 = needs[-1]
+        needs.append((int(rng.integers(max(c0, 1), n + 1)) if c0 == 0 else
+                      int(rng.integers(0, c0 + 1)), int(rng.integers(0, t + 1))))
+    needs = [needs[0]] + sorted(needs[1:], reverse=True)
+    best, shapes = best_vector_levels(Us, k, needs)
     cells = [(m, h) for m in range(n + 1) for h in range(t + 1)]
+
+    def meets(vec, lv):
+        return all(sum(v[0] for v, x in zip(vec, lv) if x >= ell) >= needs[ell][0]
+                   and sum(v[1] for v, x in zip(vec, lv) if x >= ell) >= needs[ell][1]
+                   for ell in range(1, q))
     brute = -np.inf
-    for kinds in itertools.product((0, 1), repeat=k):
-        if 1 not in kinds:
-            continue
+    for lv in itertools.product(range(q), repeat=k):
         for vec in itertools.product(cells, repeat=k):
-            if sum(v[0] for v in vec) != n or sum(v[1] for v in vec) != t:
-                continue
-            if (sum(v[0] for v, kd in zip(vec, kinds) if kd) < c
-                    or sum(v[1] for v, kd in zip(vec, kinds) if kd) < th):
-                continue
-            brute = max(brute, sum((U_high if kd else U_low)[v] for v, kd in zip(vec, kinds)))
+            if (sum(v[0] for v in vec) == n and sum(v[1] for v in vec) == t
+                    and meets(vec, lv)):
+                brute = max(brute, sum(Us[x][v] for v, x in zip(vec, lv)))
     if not np.isfinite(brute):
         assert best == -np.inf
         return
     assert best == pytest.approx(brute)
-    assert len(shapes) == k and any(kd for kd, _, _ in shapes)
-    assert sum(m for _, m, _ in shapes) == n and sum(h for _, _, h in shapes) == t
-    assert sum(m for kd, m, _ in shapes if kd) >= c
-    assert sum(h for kd, _, h in shapes if kd) >= th
-    assert sum((U_high if kd else U_low)[m, h] for kd, m, h in shapes) == pytest.approx(best)
+    assert len(shapes) == k
+    vec, lv = [(m, h) for _, m, h in shapes], [x for x, _, _ in shapes]
+    assert sum(m for m, _ in vec) == n and sum(h for _, h in vec) == t and meets(vec, lv)
+    assert sum(Us[x][m, h] for x, m, h in shapes) == pytest.approx(best)
 
 
 def _ranked_oracle_case(seed):
-    """Loads, a high-rank flag per adapter, k, and a world where a GPU fails when sum_i
-    sqrt(load_i) x (``slow`` if it holds a high-rank adapter) exceeds a cost."""
+    """Loads, a rank per adapter (8, 16 or 32), k, and a world where a GPU fails when sum_i
+    sqrt(load_i) x its rank's slowdown (the largest rank it holds) exceeds a cost."""
     rng = np.random.default_rng(1000 + seed)
     n = int(rng.integers(4, 9))
     loads = np.sort(rng.choice([1.0, 2.0, 4.0, 9.0, 16.0], size=n))[::-1]
-    high = rng.random(n) < 0.4
-    if not high.any():
-        high[int(rng.integers(n))] = True
+    ranks = rng.choice([8, 16, 32], size=n)
     k = int(rng.integers(2, 4))
-    cost, slow = float(rng.uniform(2.0, 8.0)), float(rng.uniform(1.05, 1.6))
+    cost = float(rng.uniform(2.0, 8.0))
+    slow = {8: 1.0, 16: float(rng.uniform(1.0, 1.3))}
+    slow[32] = slow[16] * float(rng.uniform(1.0, 1.3))
 
-    def fails(vec, high_gpu=False):
-        return float(np.sum(np.sqrt(np.asarray(vec, float)))) * (slow if high_gpu else 1) > cost
-    return loads, high, k, fails
+    def fails(vec, rank=8):
+        return float(np.sum(np.sqrt(np.asarray(vec, float)))) * slow[rank] > cost
+    return loads, ranks, k, fails
 
 
-def _ranked_feasible_on(loads, high, k, fails) -> bool:
+def _ranked_feasible_on(loads, ranks, k, fails) -> bool:
     n = len(loads)
     for assign in itertools.product(range(k), repeat=n - 1):
         gpus = [0] + list(assign)
         if all(not any(g == i for g in gpus)
                or not fails(np.array([loads[j] for j in range(n) if gpus[j] == i]),
-                            any(high[j] for j in range(n) if gpus[j] == i))
+                            max(ranks[j] for j in range(n) if gpus[j] == i))
                for i in range(k)):
             return True
     return False
@@ -401,14 +407,14 @@ def _ranked_feasible_on(loads, high, k, fails) -> bool:
 def test_the_ranked_supply_exclusion_is_sound_and_proves_more():
     proven_ranked = proven_plain = infeasible = 0
     for seed in range(40):
-        loads, high, k, fails = _ranked_oracle_case(seed)
+        loads, ranks, k, fails = _ranked_oracle_case(seed)
         L = float(loads.sum())
-        feasible = _ranked_feasible_on(list(loads), list(high), k, fails)
+        feasible = _ranked_feasible_on(list(loads), list(ranks), k, fails)
         infeasible += not feasible
-        ranked = supply_excluded(loads, k, L, L, fails, 200, high=high)
+        ranked = supply_excluded(loads, k, L, L, fails, 200, ranks=ranks)
         if ranked:
-            assert not feasible, (list(loads), list(high), k)
+            assert not feasible, (list(loads), list(ranks), k)
         proven_ranked += ranked
-        proven_plain += supply_excluded(loads, k, L, L, lambda v: fails(v, False), 200)
-    # measured: 21 of the 24 infeasible cases proven with ranks, 20 with every GPU low
+        proven_plain += supply_excluded(loads, k, L, L, lambda v: fails(v, 8), 200)
+    # measured: 30 of the 32 infeasible cases proven with ranks, 25 with every GPU at rank 8
     assert proven_ranked > proven_plain and proven_ranked >= 0.8 * infeasible
