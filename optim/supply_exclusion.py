@@ -56,8 +56,10 @@ shapes under those sums. A test GPU that fails at a rank fails at every higher o
 the server's rank never makes a GPU starve, the same premise), so failures bound the levels
 above too.
 
-**Search** (:func:`supply_excluded`). Lazy: solve the recursion with the current ``U``, check the
-cells of its best vector at loads that would bring the sum down to ``L`` (each cell at a
+**Search** (:func:`supply_excluded`). First the balanced split (each GPU n / k adapters, t / k
+of the group, L / k; one rank): if none of its shapes is shown failing, nothing can be
+excluded. Then lazy: solve the recursion with the current ``U``, check the cells of its best
+vector at loads that would bring the sum down to ``L`` (each cell at a
 smaller adapter count on a coarse grid first, which covers more cells), record failures and
 non-failures, and repeat until the maximum is below ``L`` (excluded), the best vector's
 not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks are spent.
@@ -72,8 +74,8 @@ from typing import Callable, Sequence
 import numpy as np
 from numba import njit
 
-SUPPLY_VERSION = 3              # bump when the search changes (results are cached on disk)
-SUPPLY_SOUND_VERSIONS = (2, 3)  # versions whose cached exclusions still hold (proofs)
+SUPPLY_VERSION = 4              # bump when the search changes (results are cached on disk)
+SUPPLY_SOUND_VERSIONS = (2, 3, 4)  # versions whose cached exclusions still hold (proofs)
 SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
 SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
 SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
@@ -360,6 +362,22 @@ def _table(g: SupplyGroup, cells: _Cells, gpu_cap: float, tol: float
     return U, F
 
 
+def _balanced_pass(g: SupplyGroup, k: int, L: float,
+                   run: Callable[[int, int, float], bool | None]) -> bool:
+    """True when the balanced split (each GPU ``n / k`` adapters, ``t / k`` of the group, ``L /
+    k`` of the load, rounded so that the shapes sum to ``(n, t)``) is not shown failing on any
+    of its shapes: each of them then bounds its GPU at ``L / k`` or more, the split reaches
+    ``L``, and no number of checks can exclude k GPUs (checked first, so a hopeless search
+    ends after a check or two)."""
+    if k < 2:
+        return False
+    shapes = {(g.n // k + (i < g.n % k), g.t // k + (i < g.t % k)) for i in range(k)}
+    for m, h in sorted(shapes):
+        if run(m, h, L / k) is not False:       # fails, or cannot be checked
+            return False
+    return True
+
+
 def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tps: float,
                     check: Callable[..., bool], max_checks: int = SUPPLY_CHECKS,
                     t: int | None = None, progress: Callable[[str], None] | None = None,
@@ -418,6 +436,9 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
             if m2 >= m or e <= cells[kind].lower(m2, h) or not run(kind, m2, h, e):
                 return
             m = m2
+
+    if not ranked and _balanced_pass(g, k, L, lambda m, h, e: run(0, m, h, e)):
+        return False
 
     while True:
         tabs = {kind: _table(g, cells[kind], gpu_cap_tps, tol) for kind in kinds}

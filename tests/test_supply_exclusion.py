@@ -418,3 +418,18 @@ def test_the_ranked_supply_exclusion_is_sound_and_proves_more():
         proven_plain += supply_excluded(loads, k, L, L, lambda v: fails(v, 8), 200)
     # measured: 30 of the 32 infeasible cases proven with ranks, 25 with every GPU at rank 8
     assert proven_ranked > proven_plain and proven_ranked >= 0.8 * infeasible
+
+
+def test_a_balanced_split_not_shown_failing_ends_the_search_at_once():
+    loads = np.array([9.0] * 6 + [1.0] * 30)
+    calls = []
+
+    def never(vec):
+        calls.append(len(vec))
+        return False
+    assert not supply_excluded(loads, 3, float(loads.sum()), 1e9, never, 100)
+    assert calls == [12]                  # one shape: 12 adapters, 2 of the group, L / 3
+    calls.clear()
+    odd = np.array([9.0] * 5 + [1.0, 3.0] * 15)   # 35 adapters, 5 heavy, 2 GPUs: two shapes
+    assert not supply_excluded(odd, 2, float(odd.sum()), 1e9, never, 100)
+    assert sorted(calls) == [17, 18]
