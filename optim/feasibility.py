@@ -833,6 +833,53 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
     return out
 
 
+def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | None = None,
+                              max_checks: int | None = None) -> bool:
+    """True when no twin-accepted placement of ``inst`` uses two GPUs, shown by the supply of
+    its two heaviest load classes (``optim.supply_pair``: the least-work GPU of every shape
+    (adapters, how many of each class) failing at every Amax, :func:`gpu_excluded` with its
+    spread margin, at the smallest rank; the count-aware cap). False when not shown within
+    ``max_checks`` GPU checks (default ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached
+    success of that default). Cached on disk."""
+    from .capacity import _disk_get, _disk_put
+    from .supply_exclusion import SUPPLY_CHECKS
+    from .supply_pair import PAIR_SUPPLY_VERSION, pair_supply_excluded, two_classes
+    inst = inst.bound_view()       # classes: the loosest SLO they allow
+    loads = [inst.load_tps(a) for a in inst.adapters]
+    if two_classes(loads) is None:
+        return False
+    checks = SUPPLY_CHECKS if max_checks is None else int(max_checks)
+    r0 = _smallest_rank(inst)
+
+    def key(budget: int) -> str:
+        return _gpu_key(inst, inst.adapters, r0, duration_s,
+                        what=f"pair_supply_excluded/{PAIR_SUPPLY_VERSION}/{budget}")
+
+    for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):      # a study's success holds too
+        hit = _disk_get(key(budget))
+        if hit is not None and (hit["excluded"] or budget == checks):
+            return bool(hit["excluded"])
+    if checks <= 0:
+        return False
+    cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
+    per = inst.mean_tokens
+
+    def check(test_loads: np.ndarray) -> bool:
+        ads = [Adapter(f"s{i:05d}", r0, float(q) / per)
+               for i, q in enumerate(test_loads) if q > 0]
+        return gpu_excluded(inst, ads, r0, duration_s, workers)
+
+    from tqdm import tqdm
+    with tqdm(total=checks, desc=f"{inst.name}: pair supply checks", unit="check",
+              leave=False) as bar:
+        out = pair_supply_excluded(loads, inst.total_load_tps, cap, check, checks,
+                                   progress=lambda _msg: bar.update(1))
+    _disk_put(key(checks), {"excluded": out, "instance": inst.name,
+                            "adapters": len(inst.adapters), "duration_s": float(duration_s),
+                            "max_checks": checks})
+    return out
+
+
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
                          workers: int | None = None, pair_checks: int = 0) -> int:
     """The best twin-sound lower bound on the GPU count (``twin_lower_bound(...).best``)."""
@@ -855,7 +902,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
-    last, the supply of the heaviest adapters (``supply_gpus_excluded``, same assumptions), with
+    last, the supply of the heaviest adapters (``supply_gpus_excluded``, same assumptions), and
+    for two GPUs that of the two heaviest load classes (``pair_supply_gpus_excluded``), each with
     ``supply_checks`` GPU checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies (minutes
     on many adapters), none on a solve's path (``SUPPLY_SOLVE_CHECKS``), which takes a study's
     cached success only."""
@@ -874,6 +922,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
             and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):
         return target
     if supply_gpus_excluded(inst, lb, duration_s, workers, supply_checks):
+        return target
+    if lb == 2 and pair_supply_gpus_excluded(inst, duration_s, workers, supply_checks):
         return target
     return lb
 

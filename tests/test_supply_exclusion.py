@@ -216,9 +216,14 @@ def test_a_certificate_tries_the_supply_exclusion_last(monkeypatch):
         calls.append(k)
         return k == 3
     monkeypatch.setattr(F, "supply_gpus_excluded", supply)
+    pair = []
+    monkeypatch.setattr(F, "pair_supply_gpus_excluded",
+                        lambda *a, **k: pair.append(1) or len(pair) > 1)
     assert F.raise_bound_to(inst, 3, 4, 120.0) == 4
-    assert F.raise_bound_to(inst, 2, 3, 120.0) == 2
-    assert calls == [3, 2]
+    assert F.raise_bound_to(inst, 2, 3, 120.0) == 2          # neither shows two GPUs
+    assert calls == [3, 2] and pair == [1]
+    assert F.raise_bound_to(inst, 2, 3, 120.0) == 3          # the two classes' supply does
+    assert F.raise_bound_to(inst, 4, 5, 120.0) == 4 and pair == [1, 1]   # two GPUs only
     # equal adapters have no lighter supply to count: not run, and not shown
     monkeypatch.undo()
     same = instance_from_dict({**inst.to_dict(), "adapters": [

@@ -1,0 +1,242 @@
+"""Excluding two GPUs by the supply of the two heaviest load classes: a twin-sound bound step.
+
+``optim.supply_exclusion`` tracks one group (the adapters at the largest load) and lets each GPU
+raise its other adapters from the instance's lightest loads to the largest one outside the
+group, as it likes. On many-adapter instances with several rate classes that is too generous:
+the balanced split of ``paper-llama-rlow-qlow-n1536`` (768 adapters, 154 of each of five rate
+classes) fails in the twin, while its one-group test GPU (154 at the top rate, 242 at the
+second, 372 at the lowest) passes, because a placement's two GPUs share the supply of
+second-class adapters too. For two GPUs this step tracks both classes exactly.
+
+**Setting.** Loads of the instance's adapters; class 1: the ``t1`` adapters at the largest load
+``l1``; class 2: the ``t2`` at the second-largest ``l2``; the rest offer at most ``w < l2``. A
+GPU's *shape* is ``(m, h1, h2)``: ``m`` adapters, ``h1`` of class 1, ``h2`` of class 2; two GPUs
+have shapes ``s`` and its complement ``s' = (n - m, t1 - h1, t2 - h2)``.
+
+**Test GPU** ``T(m, E, h1, h2)`` (:func:`pair_test_loads`): ``h1`` adapters at ``l1``, ``h2`` at
+``l2``, and the ``m - h1 - h2`` lightest of the rest raised to ``w`` (highest first) until the load
+is ``E``. Its load vector majorizes that of every GPU of the instance with that shape and load
+(the two classes are equal; the rest part is the one-group test GPU's), so under the premises of
+``feasibility.canonical_gpu`` (concentrating load, lowering rates and removing idle adapters
+never make a GPU starve) it is the least-work one: if it fails at every Amax, so does every
+such GPU.
+
+**Monotone.** A failure of ``T(m0, E, a, b)`` shows that no accepted GPU with ``m >= m0``
+adapters, ``h1 <= a`` and ``h2 <= b`` carries ``max(E, least(m, a, b))`` or more: one more
+adapter (idle) or a higher load only make it harder, and ``T(m, ., h1, h2)`` majorizes ``T(m, .,
+h1, h2 - 1)`` and ``T(m, ., h1 - 1, h2)`` (the extra class adapter sits at ``l1`` or ``l2 >= w``
+where the other spreads its load over rest adapters capped at ``w``; sampled in the tests); a
+GPU of the smaller shape whose load is at least ``least(m, a, b)`` lies in the range of every
+shape on the way, so the chain exists at its load.
+
+**Bound.** With ``U(s)`` the least of the shape's most load, the count-aware cap and every
+failure's load covering ``s``, two GPUs are excluded when ``U(s) + U(s') < L`` for every shape
+(a numpy table over ``(m, h1, h2)``).
+
+**Search** (:func:`pair_supply_excluded`): first the balanced split (``s`` and ``s'`` at ``L / 2``;
+if neither fails, nothing can be shown); then, lazily, the best pair of the table, each side
+checked at the load that would bring the pair's sum to ``L`` in proportion to its room, a
+failure followed by the same load at fewer adapters; until excluded, both sides of the best
+pair were not shown failing at loads reaching ``L``, or the checks are spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Sequence
+
+import numpy as np
+
+PAIR_SUPPLY_VERSION = 1
+PAIR_SUPPLY_TOL = 0.002         # share of the load below which a side is not lowered
+GALLOP_STEPS = 2
+GALLOP_RATIO = 0.8
+_NEG = -np.inf
+
+
+@dataclass(frozen=True)
+class TwoClasses:
+    """The instance's loads as class 1 (``t1`` at ``l1``), class 2 (``t2`` at ``l2``) and the
+    rest (ascending)."""
+
+    l1: float
+    t1: int
+    l2: float
+    t2: int
+    rest: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.t1 + self.t2 + len(self.rest)
+
+    @property
+    def w(self) -> float:
+        return float(self.rest[-1]) if len(self.rest) else 0.0
+
+    @cached_property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ok, least, most) over (m, h1, h2), shape (n + 1, t1 + 1, t2 + 1): whether a GPU can
+        hold that shape, and its least and most load."""
+        def cum(x):
+            return np.concatenate([[0.0], np.cumsum(x)])
+        m = np.arange(self.n + 1)[:, None, None]
+        h1 = np.arange(self.t1 + 1)[None, :, None]
+        h2 = np.arange(self.t2 + 1)[None, None, :]
+        j = m - h1 - h2
+        r = len(self.rest)
+        ok = (j >= 0) & (j <= r)
+        jj = np.clip(j, 0, r)
+        base = h1 * self.l1 + h2 * self.l2
+        return ok, base + cum(self.rest)[jj], base + cum(self.rest[::-1])[jj]
+
+
+def two_classes(loads: Sequence[float], rtol: float = 1e-9) -> TwoClasses | None:
+    """The two heaviest load classes of ``loads`` (None unless there are at least three)."""
+    x = np.sort(np.asarray(loads, dtype=float))[::-1]
+    if len(x) < 3:
+        return None
+    top = x >= x[0] * (1 - rtol)
+    t1 = int(top.sum())
+    if t1 >= len(x):
+        return None
+    l2 = float(x[t1])
+    second = (~top) & (x >= l2 * (1 - rtol))
+    t2 = int(second.sum())
+    if t1 + t2 >= len(x):
+        return None
+    return TwoClasses(float(x[0]), t1, l2, t2, np.sort(x[t1 + t2:]))
+
+
+def pair_test_loads(c: TwoClasses, m: int, h1: int, h2: int, load: float) -> np.ndarray | None:
+    """Loads of ``T(m, load, h1, h2)`` (module docstring), descending; None when no GPU of the
+    instance with that shape carries ``load``."""
+    ok, least, most = c.bounds
+    if not (0 <= m <= c.n and 0 <= h1 <= c.t1 and 0 <= h2 <= c.t2) or not ok[m, h1, h2]:
+        return None
+    lo, hi = float(least[m, h1, h2]), float(most[m, h1, h2])
+    if load < lo * (1 - 1e-12) or load > hi * (1 + 1e-12):
+        return None
+    rest = c.rest[:m - h1 - h2].astype(float)
+    left = max(float(load) - lo, 0.0)
+    for i in range(len(rest) - 1, -1, -1):
+        up = min(c.w - rest[i], left)
+        if up > 0:
+            rest[i] += up
+            left -= up
+        if left <= 0:
+            break
+    return np.sort(np.concatenate([[c.l1] * h1, [c.l2] * h2, rest]))[::-1]
+
+
+class _Table:
+    """The failure and non-failure loads per shape, kept as arrays (module docstring)."""
+
+    def __init__(self, c: TwoClasses):
+        self.c = c
+        ok, self.least, self.most = c.bounds
+        self.ok = ok
+        self.fail = np.full(ok.shape, np.inf)
+        self.floor = np.full(ok.shape, _NEG)
+
+    def failed(self, m: int, h1: int, h2: int, e: float) -> None:
+        cover = np.maximum(e, self.least[m:, h1, h2])[:, None, None]
+        view = self.fail[m:, :h1 + 1, :h2 + 1]
+        np.minimum(view, cover, out=view)
+
+    def passed(self, m: int, h1: int, h2: int, e: float) -> None:
+        view = self.floor[:m + 1, h1:, h2:]
+        np.maximum(view, e, out=view)
+
+    def upper(self, cap: float) -> np.ndarray:
+        most = np.minimum(self.most, cap)
+        u = np.minimum(most, self.fail)
+        return np.where(self.ok & (most >= self.least) & (self.fail > self.least), u, _NEG)
+
+
+def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: float,
+                         check: Callable[[np.ndarray], bool], max_checks: int,
+                         max_adapters: int | None = None,
+                         progress: Callable[[str], None] | None = None) -> bool:
+    """True when no placement of adapters with ``loads`` on two GPUs has both accepted, shown by
+    the supply of the two heaviest classes (module docstring); False when not shown within
+    ``max_checks`` calls of ``check(pair_test_loads) -> excluded``. ``gpu_cap_tps``: a load no
+    accepted GPU carries more of; ``max_adapters``: larger test GPUs are not checked."""
+    c = two_classes(loads)
+    if c is None:
+        return False
+    L = float(total_tps)
+    tol = PAIR_SUPPLY_TOL * L
+    table = _Table(c)
+    used = 0
+
+    def lower(s: tuple[int, int, int]) -> float:
+        return float(table.floor[s])             # shown passing there (or above): -inf if not
+
+    def upper(s: tuple[int, int, int]) -> float:
+        return float(table.fail[s])              # shown failing from there: inf if not
+
+    def run(s: tuple[int, int, int], e: float) -> bool | None:
+        nonlocal used
+        vec = pair_test_loads(c, *s, e)
+        if vec is None or used >= max_checks or (max_adapters is not None
+                                                  and s[0] > max_adapters):
+            return None
+        used += 1
+        out = bool(check(vec))
+        (table.failed if out else table.passed)(*s, e)
+        if progress is not None:
+            progress(f"pair check {used}: {s[0]} adapters ({s[1]} + {s[2]} of the two "
+                     f"heaviest classes) at {e:,.0f} tok/s: "
+                     f"{'fails' if out else 'not shown failing'}")
+        return out
+
+    def comp(s):
+        return (c.n - s[0], c.t1 - s[1], c.t2 - s[2])
+
+    half = (-(-c.n // 2), -(-c.t1 // 2), -(-c.t2 // 2))
+    if all(run(s, L / 2) is False for s in dict.fromkeys((half, comp(half)))):
+        return False                             # the balanced split is not shown failing
+
+    while True:
+        U = table.upper(gpu_cap_tps)
+        pair = U + U[::-1, ::-1, ::-1]
+        i = int(np.argmax(pair))
+        best = float(pair.flat[i])
+        if best < L * (1.0 - 1e-9):
+            return True
+        s = tuple(int(v) for v in np.unravel_index(i, pair.shape))
+        sides = [s, comp(s)]
+        ub = np.array([U[x] for x in sides])
+        fl = np.array([max(float(table.least[x]) - tol, min(float(table.floor[x]), U[x]))
+                       for x in sides])
+        if all(lower(x) > _NEG for x in sides) and fl.sum() >= L - tol:
+            return False
+        room = np.where(ub - fl >= tol * (1 - 1e-9), ub - fl, 0.0)
+        if room.sum() <= 0:
+            return False
+        need = best - L + tol
+        progressed = False
+        for x, u, r in zip(sides, ub, room):
+            if r <= 0:
+                continue
+            target = max(u - need * r / room.sum(), fl[sides.index(x)] + tol)
+            if target >= upper(x) or target <= lower(x):
+                continue
+            out = run(x, target)
+            if out is None:
+                continue
+            progressed = True
+            m = x[0]
+            for _ in range(GALLOP_STEPS if out else 0):   # the same load at fewer adapters
+                m2 = max(x[1] + x[2], int(m * GALLOP_RATIO))
+                y = (m2, x[1], x[2])
+                if m2 >= m or target <= lower(y) or not run(y, target):
+                    break
+                m = m2
+        if not progressed:
+            return False
+
+
+__all__ = ["PAIR_SUPPLY_VERSION", "TwoClasses", "two_classes", "pair_test_loads",
+           "pair_supply_excluded"]
