@@ -54,7 +54,8 @@ hold every adapter of rank ``>= r_l``, so together at least that many adapters a
 the group; :func:`best_vector_levels` maximises over how many GPUs each level has and their
 shapes under those sums. A test GPU that fails at a rank fails at every higher one (lowering
 the server's rank never makes a GPU starve, the same premise), so failures bound the levels
-above too.
+above too. (Only while the tables have at most ``RANKED_MAX_CELLS`` cells: the recursion over
+levels folds whole tables; larger instances are checked at the smallest rank, as before.)
 
 **Search** (:func:`supply_excluded`). First the balanced split (each GPU n / k adapters, t / k
 of the group, L / k; one rank): if none of its shapes is shown failing, nothing can be
@@ -79,6 +80,7 @@ SUPPLY_SOUND_VERSIONS = (2, 3, 4)  # versions whose cached exclusions still hold
 SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
 SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
 SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
+RANKED_MAX_CELLS = 40_000       # rank levels only while the recursion's tables stay this small
 GALLOP_STEPS = 2                # after a failure, retries at GALLOP_RATIO x the adapters
 GALLOP_RATIO = 0.8
 _NEG = -np.inf
@@ -398,7 +400,9 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
     L = float(total_tps)
     tol = SUPPLY_TOL * L
     levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [0]
-    ranked = len(levels) > 1
+    ranked = len(levels) > 1 and (len(x) + 1) * (t + 1) <= RANKED_MAX_CELLS
+    if not ranked:
+        levels = [0]             # one level: every GPU checked at the smallest rank
     needs = [(0, 0)] * len(levels)
     if ranked:
         r = np.asarray(ranks, int)
