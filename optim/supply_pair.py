@@ -36,8 +36,9 @@ failure's load covering ``s``, two GPUs are excluded when ``U(s) + U(s') < L`` f
 **Search** (:func:`pair_supply_excluded`): first the balanced split (``s`` and ``s'`` at ``L / 2``;
 if neither fails, nothing can be shown); then, lazily, the best pair of the table, each side
 checked at the load that would bring the pair's sum to ``L`` in proportion to its room, a
-failure followed by the same load at fewer adapters; until excluded, both sides of the best
-pair were not shown failing at loads reaching ``L``, or the checks are spent.
+failure followed by the same GPU holding both classes whole (a failure there covers every class
+count) and by fewer adapters (the load clipped to what they offer); until excluded, both sides
+of the best pair were not shown failing at loads reaching ``L``, or the checks are spent.
 """
 
 from __future__ import annotations
@@ -191,6 +192,28 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
                      f"{'fails' if out else 'not shown failing'}")
         return out
 
+    def _gallop(x: tuple[int, int, int], e: float) -> None:
+        """After a failure at (x, e): the same adapters holding every adapter of both classes
+        (a failure there covers every class count), then fewer adapters (the load clipped
+        to what they can offer), while they fail."""
+        m, a, b = x
+        up = (m, min(c.t1, m), min(c.t2, m - min(c.t1, m)))
+        if up != x and table.ok[up]:
+            e_up = max(e, float(table.least[up]))
+            if e_up <= float(table.most[up]) and e_up < upper(up) and run(up, e_up):
+                x, e = up, e_up
+        m, a, b = x
+        for _ in range(GALLOP_STEPS):
+            m2 = max(a + b, int(m * GALLOP_RATIO))
+            y = (m2, a, b)
+            if m2 >= m or not table.ok[y]:
+                return
+            e2 = min(e, float(table.most[y]))
+            if e2 < float(table.least[y]) or e2 >= upper(y) or e2 <= lower(y) \
+                    or not run(y, e2):
+                return
+            m, e = m2, e2
+
     def comp(s):
         return (c.n - s[0], c.t1 - s[1], c.t2 - s[2])
 
@@ -227,13 +250,8 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
             if out is None:
                 continue
             progressed = True
-            m = x[0]
-            for _ in range(GALLOP_STEPS if out else 0):   # the same load at fewer adapters
-                m2 = max(x[1] + x[2], int(m * GALLOP_RATIO))
-                y = (m2, x[1], x[2])
-                if m2 >= m or target <= lower(y) or not run(y, target):
-                    break
-                m = m2
+            if out:
+                _gallop(x, target)
         if not progressed:
             return False
 
