@@ -61,8 +61,9 @@ levels folds whole tables; larger instances are checked at the smallest rank, as
 of the group, L / k; one rank): if none of its shapes is shown failing, nothing can be
 excluded. Then lazy: solve the recursion with the current ``U``, check the cells of its best
 vector at loads that would bring the sum down to ``L`` (each cell at a
-smaller adapter count on a coarse grid first, which covers more cells), record failures and
-non-failures, and repeat until the maximum is below ``L`` (excluded), the best vector's
+smaller adapter count on a coarse grid first, which covers more cells; after a failure, the
+same adapters with as much of the group as they hold, then fewer adapters at the load they
+can still offer), record failures and non-failures, and repeat until the maximum is below ``L`` (excluded), the best vector's
 not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks are spent.
 """
 
@@ -75,8 +76,8 @@ from typing import Callable, Sequence
 import numpy as np
 from numba import njit
 
-SUPPLY_VERSION = 4              # bump when the search changes (results are cached on disk)
-SUPPLY_SOUND_VERSIONS = (2, 3, 4)  # versions whose cached exclusions still hold (proofs)
+SUPPLY_VERSION = 5              # bump when the search changes (results are cached on disk)
+SUPPLY_SOUND_VERSIONS = (2, 3, 4, 5)  # versions whose cached exclusions still hold (proofs)
 SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
 SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
 SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
@@ -433,13 +434,26 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
         return out
 
     def _gallop(kind: int, m: int, h: int, e: float) -> None:
-        """After a failure at (m, h, e): the same load at fewer adapters (a failure there
-        covers more shapes), while it fails, at most ``GALLOP_STEPS`` times."""
+        """After a failure at (m, h, e): with a uniform group the same adapters holding as much
+        of the group as they can (a failure there covers every smaller group count), then
+        fewer adapters (a failure there covers more shapes) at the load they can still offer,
+        while they fail, at most ``GALLOP_STEPS`` times."""
+        _, least, most = g.load_bounds
+        c = cells[kind]
+        up = min(g.t, m)
+        if c.group is not None and up > h and shape_ok(g, m, up):
+            e_up = max(e, float(least[m, up]))
+            if e_up <= float(most[m, up]) and e_up < c.upper(m, up) and run(kind, m, up, e_up):
+                h, e = up, e_up
         for _ in range(GALLOP_STEPS):
             m2 = grid_count(max(h, 1, int(m * GALLOP_RATIO)), h)
-            if m2 >= m or e <= cells[kind].lower(m2, h) or not run(kind, m2, h, e):
+            if m2 >= m or not shape_ok(g, m2, h):
                 return
-            m = m2
+            e2 = min(e, float(most[m2, h]))
+            if (e2 < float(least[m2, h]) or e2 >= c.upper(m2, h) or e2 <= c.lower(m2, h)
+                    or not run(kind, m2, h, e2)):
+                return
+            m, e = m2, e2
 
     if not ranked and _balanced_pass(g, k, L, lambda m, h, e: run(0, m, h, e)):
         return False
