@@ -62,7 +62,7 @@ of the group, L / k; one rank): if none of its shapes is shown failing, nothing 
 excluded. Then lazy: solve the recursion with the current ``U``, check the cells of its best
 vector at loads that would bring the sum down to ``L`` (each cell at a
 smaller adapter count on a coarse grid first, which covers more cells; after a failure, the
-same adapters with as much of the group as they hold, then fewer adapters at the load they
+same adapters with more of the group at that load, then fewer adapters at the load they
 can still offer), record failures and non-failures, and repeat until the maximum is below ``L`` (excluded), the best vector's
 not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks are spent.
 """
@@ -76,8 +76,8 @@ from typing import Callable, Sequence
 import numpy as np
 from numba import njit
 
-SUPPLY_VERSION = 5              # bump when the search changes (results are cached on disk)
-SUPPLY_SOUND_VERSIONS = (2, 3, 4, 5)  # versions whose cached exclusions still hold (proofs)
+SUPPLY_VERSION = 6              # bump when the search changes (results are cached on disk)
+SUPPLY_SOUND_VERSIONS = (2, 3, 4, 5, 6)  # versions whose cached exclusions still hold (proofs)
 SUPPLY_CHECKS = 128             # GPU checks one exclusion may spend
 SUPPLY_MAX_GPU_ADAPTERS = 512   # larger test GPUs are not checked (each check takes minutes)
 SUPPLY_TOL = 0.002              # share of the whole load below which a cell is not lowered
@@ -434,17 +434,21 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
         return out
 
     def _gallop(kind: int, m: int, h: int, e: float) -> None:
-        """After a failure at (m, h, e): with a uniform group the same adapters holding as much
-        of the group as they can (a failure there covers every smaller group count), then
+        """After a failure at (m, h, e): with a uniform group the same adapters holding more of
+        the group at the same load (a failure there covers every smaller group count), then
         fewer adapters (a failure there covers more shapes) at the load they can still offer,
         while they fail, at most ``GALLOP_STEPS`` times."""
         _, least, most = g.load_bounds
         c = cells[kind]
-        up = min(g.t, m)
-        if c.group is not None and up > h and shape_ok(g, m, up):
-            e_up = max(e, float(least[m, up]))
-            if e_up <= float(most[m, up]) and e_up < c.upper(m, up) and run(kind, m, up, e_up):
-                h, e = up, e_up
+        if c.group is not None:                 # the most of the group that carries as little
+            up = h                              # as e (toward all of it)
+            for frac in (1.0, 0.5, 0.25, 0.125):
+                hh = h + int(frac * (min(g.t, m) - h))
+                if shape_ok(g, m, hh) and float(least[m, hh]) <= e:
+                    up = hh
+                    break
+            if up > h and e < c.upper(m, up) and run(kind, m, up, e):
+                h = up
         for _ in range(GALLOP_STEPS):
             m2 = grid_count(max(h, 1, int(m * GALLOP_RATIO)), h)
             if m2 >= m or not shape_ok(g, m2, h):

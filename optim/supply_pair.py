@@ -36,8 +36,9 @@ failure's load covering ``s``, two GPUs are excluded when ``U(s) + U(s') < L`` f
 **Search** (:func:`pair_supply_excluded`): first the balanced split (``s`` and ``s'`` at ``L / 2``;
 if neither fails, nothing can be shown); then, lazily, the best pair of the table, each side
 checked at the load that would bring the pair's sum to ``L`` in proportion to its room, a
-failure followed by the same GPU holding both classes whole (a failure there covers every class
-count) and by fewer adapters (the load clipped to what they offer); until excluded, both sides
+failure followed by the same GPU holding more of both classes (toward both whole, as much as
+can still carry that load; a failure there covers every smaller class count) and by fewer
+adapters (the load clipped to what they offer); until excluded, both sides
 of the best pair were not shown failing at loads reaching ``L``, or the checks are spent.
 """
 
@@ -49,7 +50,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-PAIR_SUPPLY_VERSION = 1
+PAIR_SUPPLY_VERSION = 2
 PAIR_SUPPLY_TOL = 0.002         # share of the load below which a side is not lowered
 GALLOP_STEPS = 2
 GALLOP_RATIO = 0.8
@@ -193,15 +194,18 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
         return out
 
     def _gallop(x: tuple[int, int, int], e: float) -> None:
-        """After a failure at (x, e): the same adapters holding every adapter of both classes
-        (a failure there covers every class count), then fewer adapters (the load clipped
-        to what they can offer), while they fail."""
+        """After a failure at (x, e): the same adapters holding more of both classes at the
+        same load (a failure there covers every smaller class count), then fewer adapters (the
+        load clipped to what they can offer), while they fail."""
         m, a, b = x
-        up = (m, min(c.t1, m), min(c.t2, m - min(c.t1, m)))
-        if up != x and table.ok[up]:
-            e_up = max(e, float(table.least[up]))
-            if e_up <= float(table.most[up]) and e_up < upper(up) and run(up, e_up):
-                x, e = up, e_up
+        up = x                                   # the most of both classes, toward holding
+        for frac in (1.0, 0.5, 0.25, 0.125):     # them whole, that can carry as little as e
+            y = (m, a + int(frac * (c.t1 - a)), b + int(frac * (c.t2 - b)))
+            if table.ok[y] and float(table.least[y]) <= e:
+                up = y
+                break
+        if up != x and e < upper(up) and run(up, e):
+            x = up
         m, a, b = x
         for _ in range(GALLOP_STEPS):
             m2 = max(a + b, int(m * GALLOP_RATIO))
