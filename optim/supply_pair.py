@@ -34,12 +34,14 @@ failure's load covering ``s``, two GPUs are excluded when ``U(s) + U(s') < L`` f
 (a numpy table over ``(m, h1, h2)``).
 
 **Search** (:func:`pair_supply_excluded`): first the balanced split (``s`` and ``s'`` at ``L / 2``;
-if neither fails, nothing can be shown); then, lazily, the best pair of the table, each side
-checked at the load that would bring the pair's sum to ``L`` in proportion to its room, a
-failure followed by the same GPU holding more of both classes (toward both whole, as much as
-can still carry that load; a failure there covers every smaller class count) and by fewer
-adapters (the load clipped to what they offer); until excluded, both sides
-of the best pair were not shown failing at loads reaching ``L``, or the checks are spent.
+if neither fails, nothing can be shown); then, lazily, the best pair of the table: the side
+with more room is checked first at what it must carry when the other carries its most (a
+failure there rules the pair out), then each side at the load that would bring the pair's sum
+to ``L`` in proportion to its room; a failure is followed by the same GPU holding more of both
+classes (toward both whole, as much as can still carry that load; a failure there covers every
+smaller class count) and by fewer adapters (the load clipped to what they offer). It ends when
+the table excludes every pair, when both sides of the best pair are not shown failing at loads
+reaching ``L``, or when the checks are spent.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-PAIR_SUPPLY_VERSION = 2
-PAIR_SUPPLY_TOL = 0.002         # share of the load below which a side is not lowered
+PAIR_SUPPLY_VERSION = 3
+PAIR_SUPPLY_TOL = 0.002         # share of the load a pair must clear
 GALLOP_STEPS = 2
 GALLOP_RATIO = 0.8
 _NEG = -np.inf
@@ -234,20 +236,23 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
             return True
         s = tuple(int(v) for v in np.unravel_index(i, pair.shape))
         sides = [s, comp(s)]
-        ub = np.array([U[x] for x in sides])
-        fl = np.array([max(float(table.least[x]) - tol, min(float(table.floor[x]), U[x]))
+        ub = np.array([float(U[x]) for x in sides])
+        fl = np.array([max(float(table.least[x]) - tol, min(lower(x), float(U[x])))
                        for x in sides])
         if all(lower(x) > _NEG for x in sides) and fl.sum() >= L - tol:
-            return False
+            return False                         # both not shown failing at loads reaching L
         room = np.where(ub - fl >= tol * (1 - 1e-9), ub - fl, 0.0)
         if room.sum() <= 0:
             return False
+        # first the side with more room at what it must carry when the other carries its most
+        # (a failure there rules the pair out), then the loads in proportion to the room
+        a = int(np.argmax(room))
+        targets = [(sides[a], max(L - ub[1 - a] - tol, fl[a] + tol))]
         need = best - L + tol
+        targets += [(x, max(u - need * r / room.sum(), f + tol))
+                    for x, u, r, f in zip(sides, ub, room, fl) if r > 0]
         progressed = False
-        for x, u, r in zip(sides, ub, room):
-            if r <= 0:
-                continue
-            target = max(u - need * r / room.sum(), fl[sides.index(x)] + tol)
+        for x, target in targets:
             if target >= upper(x) or target <= lower(x):
                 continue
             out = run(x, target)
@@ -256,6 +261,7 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
             progressed = True
             if out:
                 _gallop(x, target)
+                break
         if not progressed:
             return False
 
