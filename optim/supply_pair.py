@@ -39,7 +39,8 @@ with more room is checked first at what it must carry when the other carries its
 failure there rules the pair out), then each side at the load that would bring the pair's sum
 to ``L`` in proportion to its room; a failure is followed by the same GPU holding more of both
 classes (toward both whole, as much as can still carry that load; a failure there covers every
-smaller class count) and by fewer adapters (the load clipped to what they offer). It ends when
+smaller class count), by the GPU holding both whole at the least it then carries, and by fewer
+adapters (the load clipped to what they offer). It ends when
 the table excludes every pair, when both sides of the best pair are not shown failing at loads
 reaching ``L``, or when the checks are spent.
 """
@@ -52,7 +53,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-PAIR_SUPPLY_VERSION = 3
+PAIR_SUPPLY_VERSION = 4
 PAIR_SUPPLY_TOL = 0.002         # share of the load a pair must clear
 GALLOP_STEPS = 2
 GALLOP_RATIO = 0.8
@@ -197,8 +198,10 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
 
     def _gallop(x: tuple[int, int, int], e: float) -> None:
         """After a failure at (x, e): the same adapters holding more of both classes at the
-        same load (a failure there covers every smaller class count), then fewer adapters (the
-        load clipped to what they can offer), while they fail."""
+        same load (a failure there covers every smaller class count), and holding both whole
+        at the least load they then carry (covers every class count where the GPU must carry
+        that much), then fewer adapters (the load clipped to what they can offer), while they
+        fail."""
         m, a, b = x
         up = x                                   # the most of both classes, toward holding
         for frac in (1.0, 0.5, 0.25, 0.125):     # them whole, that can carry as little as e
@@ -208,6 +211,11 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
                 break
         if up != x and e < upper(up) and run(up, e):
             x = up
+        corner = (m, min(c.t1, m), min(c.t2, m - min(c.t1, m)))   # both classes whole, at
+        if corner != x and table.ok[corner]:                       # the least they carry
+            e_c = max(e, float(table.least[corner]))
+            if e_c <= float(table.most[corner]) and e_c < upper(corner):
+                run(corner, e_c)
         m, a, b = x
         for _ in range(GALLOP_STEPS):
             m2 = max(a + b, int(m * GALLOP_RATIO))
