@@ -22,15 +22,20 @@ def _random_loads(rng, n):
     return rng.choice(np.array(CLASSES[-k:]), size=n)
 
 
+def _classed(rng, draws: int, max_n: int):
+    """(loads, their two classes) of random instances with at least three classes."""
+    for _ in range(draws):
+        loads = _random_loads(rng, int(rng.integers(4, max_n)))
+        c = two_classes(loads)
+        if c is not None:
+            yield loads, c
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_test_gpu_majorizes_every_gpu_of_its_shape(seed):
     rng = np.random.default_rng(seed)
     tested = 0
-    for _ in range(300):
-        loads = _random_loads(rng, int(rng.integers(4, 20)))
-        c = two_classes(loads)
-        if c is None:
-            continue
+    for loads, c in _classed(rng, 300, 20):
         sub = rng.choice(len(loads), size=int(rng.integers(1, len(loads) + 1)), replace=False)
         x = np.sort(loads[sub])[::-1]
         h1 = int(np.sum(x == c.l1))
@@ -46,11 +51,7 @@ def test_the_test_gpu_majorizes_every_gpu_of_its_shape(seed):
 def test_one_more_class_adapter_majorizes(seed):
     rng = np.random.default_rng(10 + seed)
     tested = 0
-    for _ in range(1500):
-        loads = _random_loads(rng, int(rng.integers(4, 25)))
-        c = two_classes(loads)
-        if c is None:
-            continue
+    for loads, c in _classed(rng, 1500, 25):
         m, a, b = int(rng.integers(1, c.n + 1)), int(rng.integers(0, c.t1 + 1)), \
             int(rng.integers(0, c.t2 + 1))
         for fewer in ((a - 1, b), (a, b - 1)):
