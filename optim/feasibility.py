@@ -839,24 +839,26 @@ def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | 
     its two heaviest load classes (``optim.supply_pair``: the least-work GPU of every shape
     (adapters, how many of each class) failing at every Amax, :func:`gpu_excluded` with its
     spread margin, at the smallest rank; the count-aware cap). False when not shown within
-    ``max_checks`` GPU checks (default ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached
-    success of that default). Cached on disk."""
+    ``PAIR_SUPPLY_BUDGET`` x ``max_checks`` GPU checks (default ``supply_exclusion.SUPPLY_CHECKS``;
+    0: only a cached success of that default): each pair has two sides, and the pairs where the
+    large GPU carries about its least load take one failure per class count. Cached on disk."""
     from .capacity import _disk_get, _disk_put
     from .supply_exclusion import SUPPLY_CHECKS
-    from .supply_pair import PAIR_SUPPLY_VERSION, pair_supply_excluded, two_classes
+    from .supply_pair import (PAIR_SUPPLY_BUDGET, PAIR_SUPPLY_VERSION, pair_supply_excluded,
+                              two_classes)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     loads = [inst.load_tps(a) for a in inst.adapters]
     if two_classes(loads) is None:
         return False
-    checks = SUPPLY_CHECKS if max_checks is None else int(max_checks)
+    checks = PAIR_SUPPLY_BUDGET * (SUPPLY_CHECKS if max_checks is None else int(max_checks))
     r0 = _smallest_rank(inst)
 
     def key(budget: int) -> str:
         return _gpu_key(inst, inst.adapters, r0, duration_s,
                         what=f"pair_supply_excluded/{PAIR_SUPPLY_VERSION}/{budget}")
 
-    for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):      # a study's success holds too
-        hit = _disk_get(key(budget))
+    for budget in dict.fromkeys((PAIR_SUPPLY_BUDGET * SUPPLY_CHECKS, checks)):  # a study's
+        hit = _disk_get(key(budget))                           # success holds too
         if hit is not None and (hit["excluded"] or budget == checks):
             return bool(hit["excluded"])
     if checks <= 0:

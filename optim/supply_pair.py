@@ -54,6 +54,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 PAIR_SUPPLY_VERSION = 4
+PAIR_SUPPLY_BUDGET = 2          # GPU checks per check of the one-group step's budget
 PAIR_SUPPLY_TOL = 0.002         # share of the load a pair must clear
 GALLOP_STEPS = 2
 GALLOP_RATIO = 0.8
@@ -274,5 +275,5 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
             return False
 
 
-__all__ = ["PAIR_SUPPLY_VERSION", "TwoClasses", "two_classes", "pair_test_loads",
+__all__ = ["PAIR_SUPPLY_VERSION", "PAIR_SUPPLY_BUDGET", "TwoClasses", "two_classes", "pair_test_loads",
            "pair_supply_excluded"]
