@@ -40,7 +40,7 @@ failure there rules the pair out), then each side at the load that would bring t
 to ``L`` in proportion to its room; a failure is followed by the same GPU holding more of both
 classes (toward both whole, as much as can still carry that load; a failure there covers every
 smaller class count), by the GPU holding both whole at the least it then carries, and by fewer
-adapters (the load clipped to what they offer). It ends when
+adapters (the load clipped to what they offer), each raised in both classes again. It ends when
 the table excludes every pair, when both sides of the best pair are not shown failing at loads
 reaching ``L``, or when the checks are spent.
 """
@@ -53,7 +53,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-PAIR_SUPPLY_VERSION = 4
+PAIR_SUPPLY_VERSION = 5
 PAIR_SUPPLY_BUDGET = 2          # GPU checks per check of the one-group step's budget
 PAIR_SUPPLY_TOL = 0.002         # share of the load a pair must clear
 GALLOP_STEPS = 2
@@ -197,28 +197,32 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
                      f"{'fails' if out else 'not shown failing'}")
         return out
 
-    def _gallop(x: tuple[int, int, int], e: float) -> None:
+    def _raise(x: tuple[int, int, int], e: float) -> tuple[int, int, int]:
         """After a failure at (x, e): the same adapters holding more of both classes at the
-        same load (a failure there covers every smaller class count), and holding both whole
-        at the least load they then carry (covers every class count where the GPU must carry
-        that much), then fewer adapters (the load clipped to what they can offer), while they
-        fail."""
+        same load, as much as can still carry it (a failure there covers every smaller class
+        count); the shape shown failing last."""
         m, a, b = x
-        up = x                                   # the most of both classes, toward holding
-        for frac in (1.0, 0.5, 0.25, 0.125):     # them whole, that can carry as little as e
+        for frac in (1.0, 0.5, 0.25, 0.125):     # toward holding both classes whole
             y = (m, a + int(frac * (c.t1 - a)), b + int(frac * (c.t2 - b)))
-            if table.ok[y] and float(table.least[y]) <= e:
-                up = y
-                break
-        if up != x and e < upper(up) and run(up, e):
-            x = up
-        corner = (m, min(c.t1, m), min(c.t2, m - min(c.t1, m)))   # both classes whole, at
-        if corner != x and table.ok[corner]:                       # the least they carry
+            if y != x and table.ok[y] and float(table.least[y]) <= e:
+                return y if e < upper(y) and run(y, e) else x
+        return x
+
+    def _gallop(x: tuple[int, int, int], e: float) -> None:
+        """After a failure at (x, e): more of both classes (:func:`_raise`); the GPU holding
+        both whole at the least load it then carries (covers every class count where a GPU
+        must carry that much); then fewer adapters at the load they can still offer, each
+        failure raised again (fewer adapters leave room for more of the classes), while they
+        fail, at most ``GALLOP_STEPS`` times."""
+        x = _raise(x, e)
+        m = x[0]
+        corner = (m, min(c.t1, m), min(c.t2, m - min(c.t1, m)))
+        if corner != x and table.ok[corner]:
             e_c = max(e, float(table.least[corner]))
             if e_c <= float(table.most[corner]) and e_c < upper(corner):
                 run(corner, e_c)
-        m, a, b = x
         for _ in range(GALLOP_STEPS):
+            m, a, b = x
             m2 = max(a + b, int(m * GALLOP_RATIO))
             y = (m2, a, b)
             if m2 >= m or not table.ok[y]:
@@ -227,7 +231,7 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
             if e2 < float(table.least[y]) or e2 >= upper(y) or e2 <= lower(y) \
                     or not run(y, e2):
                 return
-            m, e = m2, e2
+            x, e = _raise(y, e2), e2
 
     def comp(s):
         return (c.n - s[0], c.t1 - s[1], c.t2 - s[2])
