@@ -780,17 +780,55 @@ def _two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None,
     return True
 
 
+def _least_work_check(inst: Instance, duration_s: float, workers: int | None):
+    """``check(test_loads, rank) -> excluded`` of the supply steps: one GPU holding adapters of
+    the instance's smallest rank at ``test_loads`` (tok/s), at server rank ``rank`` (default
+    that smallest rank), :func:`gpu_excluded`."""
+    r0, per = _smallest_rank(inst), inst.mean_tokens
+
+    def check(test_loads: np.ndarray, rank: int = r0) -> bool:
+        ads = [Adapter(f"s{i:05d}", r0, float(q) / per)
+               for i, q in enumerate(test_loads) if q > 0]
+        return gpu_excluded(inst, ads, rank, duration_s, workers)
+    return check
+
+
+def _cached_exclusion(keys: Sequence[tuple[str, bool]]) -> bool | None:
+    """The first verdict cached under ``keys`` (key, whether a "not shown" there stands too: an
+    exclusion is a proof whatever search found it); None when none stands."""
+    from .capacity import _disk_get
+    for key, final in keys:
+        hit = _disk_get(key)
+        if hit is not None and (hit["excluded"] or final):
+            return bool(hit["excluded"])
+    return None
+
+
+def _recorded_search(inst: Instance, key: str, desc: str, checks: int, record: dict,
+                     search) -> bool:
+    """``search(progress)`` with a progress bar of ``checks`` GPU checks, its verdict cached
+    under ``key`` with ``record``."""
+    from tqdm import tqdm
+
+    from .capacity import _disk_put
+    with tqdm(total=checks, desc=f"{inst.name}: {desc}", unit="check", leave=False) as bar:
+        out = search(lambda _msg: bar.update(1))
+    _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
+                    **record, "max_checks": checks})
+    return out
+
+
 def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int | None = None,
                          max_checks: int | None = None) -> bool:
     """True when no twin-accepted placement of ``inst`` (each adapter whole on one GPU) uses
     ``k`` GPUs, shown by the supply of its heaviest adapters (``optim.supply_exclusion``: every
     GPU shape (adapters, how many of the heaviest) bounded by the least-work such GPU failing
     at every Amax, :func:`gpu_excluded` with its spread margin, and by the count-aware cap; the
-    shapes of k GPUs cannot carry the load; with mixed ranks, each GPU is checked at the largest rank
-    it holds, and the GPUs of each rank or above hold every adapter of those ranks). False when not shown within ``max_checks`` GPU
-    checks (default ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached success of that
-    default). Cached on disk."""
-    from .capacity import _disk_get, _disk_put
+    shapes of k GPUs cannot carry the load; with mixed ranks, each GPU is checked at the
+    largest rank it holds, and the GPUs of each rank or above hold every adapter of those
+    ranks). False when not shown within ``max_checks`` GPU checks (default
+    ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached success of that default). Cached on
+    disk."""
     from .supply_exclusion import (SUPPLY_CHECKS, SUPPLY_SOUND_VERSIONS, SUPPLY_VERSION,
                                    supply_excluded, top_group_size)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
@@ -804,33 +842,19 @@ def supply_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int
         return _gpu_key(inst, inst.adapters, r0, duration_s,
                         what=f"supply_gpus_excluded/{version}/{int(k)}/{budget}")
 
-    for version in sorted(SUPPLY_SOUND_VERSIONS, reverse=True):
-        for budget in dict.fromkeys((SUPPLY_CHECKS, checks)):   # a study's success holds too,
-            hit = _disk_get(key(version, budget))                # and an earlier search's
-            if hit is not None and (hit["excluded"] or (budget == checks
-                                                        and version == SUPPLY_VERSION)):
-                return bool(hit["excluded"])
-    if checks <= 0:
-        return False
+    hit = _cached_exclusion([(key(version, budget), budget == checks and version == SUPPLY_VERSION)
+                             for version in sorted(SUPPLY_SOUND_VERSIONS, reverse=True)
+                             for budget in dict.fromkeys((SUPPLY_CHECKS, checks))])
+    if hit is not None or checks <= 0:
+        return bool(hit)
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
-    per = inst.mean_tokens
-
-    ranks = [a.rank for a in inst.adapters]
-
-    def check(test_loads: np.ndarray, rank: int = r0) -> bool:
-        ads = [Adapter(f"s{i:05d}", r0, float(q) / per)
-               for i, q in enumerate(test_loads) if q > 0]
-        return gpu_excluded(inst, ads, rank, duration_s, workers)
-
-    from tqdm import tqdm
-    with tqdm(total=checks, desc=f"{inst.name}: supply checks, {k} GPUs", unit="check",
-              leave=False) as bar:
-        out = supply_excluded(loads, k, inst.total_load_tps, cap, check, checks,
-                              progress=lambda _msg: bar.update(1), ranks=ranks)
-    _disk_put(key(SUPPLY_VERSION, checks), {"excluded": out, "instance": inst.name,
-                             "adapters": len(inst.adapters), "k": int(k),
-                             "duration_s": float(duration_s), "max_checks": checks})
-    return out
+    check = _least_work_check(inst, duration_s, workers)
+    return _recorded_search(
+        inst, key(SUPPLY_VERSION, checks), f"supply checks, {k} GPUs", checks,
+        {"k": int(k), "duration_s": float(duration_s)},
+        lambda progress: supply_excluded(loads, k, inst.total_load_tps, cap, check, checks,
+                                         progress=progress,
+                                         ranks=[a.rank for a in inst.adapters]))
 
 
 def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | None = None,
@@ -839,10 +863,10 @@ def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | 
     its two heaviest load classes (``optim.supply_pair``: the least-work GPU of every shape
     (adapters, how many of each class) failing at every Amax, :func:`gpu_excluded` with its
     spread margin, at the smallest rank; the count-aware cap). False when not shown within
-    ``PAIR_SUPPLY_BUDGET`` x ``max_checks`` GPU checks (default ``supply_exclusion.SUPPLY_CHECKS``;
-    0: only a cached success of that default): each pair has two sides, and the pairs where the
-    large GPU carries about its least load take one failure per class count. Cached on disk."""
-    from .capacity import _disk_get, _disk_put
+    ``PAIR_SUPPLY_BUDGET`` x ``max_checks`` GPU checks (default
+    ``supply_exclusion.SUPPLY_CHECKS``; 0: only a cached success of that default): each pair has
+    two sides, and the pairs where the large GPU carries about its least load take one failure
+    per class count. Cached on disk."""
     from .supply_exclusion import SUPPLY_CHECKS
     from .supply_pair import (PAIR_SUPPLY_BUDGET, PAIR_SUPPLY_VERSION, pair_supply_excluded,
                               two_classes)
@@ -857,29 +881,16 @@ def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | 
         return _gpu_key(inst, inst.adapters, r0, duration_s,
                         what=f"pair_supply_excluded/{PAIR_SUPPLY_VERSION}/{budget}")
 
-    for budget in dict.fromkeys((PAIR_SUPPLY_BUDGET * SUPPLY_CHECKS, checks)):  # a study's
-        hit = _disk_get(key(budget))                           # success holds too
-        if hit is not None and (hit["excluded"] or budget == checks):
-            return bool(hit["excluded"])
-    if checks <= 0:
-        return False
+    hit = _cached_exclusion([(key(budget), budget == checks) for budget in
+                             dict.fromkeys((PAIR_SUPPLY_BUDGET * SUPPLY_CHECKS, checks))])
+    if hit is not None or checks <= 0:
+        return bool(hit)
     cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
-    per = inst.mean_tokens
-
-    def check(test_loads: np.ndarray) -> bool:
-        ads = [Adapter(f"s{i:05d}", r0, float(q) / per)
-               for i, q in enumerate(test_loads) if q > 0]
-        return gpu_excluded(inst, ads, r0, duration_s, workers)
-
-    from tqdm import tqdm
-    with tqdm(total=checks, desc=f"{inst.name}: pair supply checks", unit="check",
-              leave=False) as bar:
-        out = pair_supply_excluded(loads, inst.total_load_tps, cap, check, checks,
-                                   progress=lambda _msg: bar.update(1))
-    _disk_put(key(checks), {"excluded": out, "instance": inst.name,
-                            "adapters": len(inst.adapters), "duration_s": float(duration_s),
-                            "max_checks": checks})
-    return out
+    check = _least_work_check(inst, duration_s, workers)
+    return _recorded_search(
+        inst, key(checks), "pair supply checks", checks, {"duration_s": float(duration_s)},
+        lambda progress: pair_supply_excluded(loads, inst.total_load_tps, cap, check, checks,
+                                              progress=progress))
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
