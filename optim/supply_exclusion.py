@@ -60,11 +60,12 @@ levels folds whole tables; larger instances are checked at the smallest rank, as
 **Search** (:func:`supply_excluded`). First the balanced split (each GPU n / k adapters, t / k
 of the group, L / k; one rank): if none of its shapes is shown failing, nothing can be
 excluded. Then lazy: solve the recursion with the current ``U``, check the cells of its best
-vector at loads that would bring the sum down to ``L`` (each cell at a
-smaller adapter count on a coarse grid first, which covers more cells; after a failure, the
-same adapters with more of the group at that load, then fewer adapters at the load they
-can still offer), record failures and non-failures, and repeat until the maximum is below ``L`` (excluded), the best vector's
-not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks are spent.
+vector at loads that would bring the sum down to ``L`` (each cell at a smaller adapter count
+on a coarse grid first, which covers more cells; after a failure, the same adapters with more
+of the group at that load, then fewer adapters at the load they can still offer), record
+failures and non-failures, and repeat until the maximum is below ``L`` (excluded), the best
+vector's not-excluded loads already reach ``L`` (not shown), or ``max_checks`` GPU checks are
+spent.
 """
 
 from __future__ import annotations
@@ -164,16 +165,22 @@ def least_work_loads(g: SupplyGroup, m: int, h: int, load_tps: float) -> np.ndar
         return None
     top = g.top[::-1][:h].astype(float)        # floors, ascending
     rest = g.rest[:m - h].astype(float)        # floors, ascending
-    left = max(float(load_tps) - lo, 0.0)
-    for vec, cap in ((top, g.largest), (rest, g.rest_cap)):
-        for i in range(len(vec) - 1, -1, -1):  # highest floor first
-            up = min(cap - vec[i], left)
-            if up > 0:
-                vec[i] += up
-                left -= up
-            if left <= 0:
-                break
+    left = raise_floors(top, g.largest, max(float(load_tps) - lo, 0.0))
+    raise_floors(rest, g.rest_cap, left)
     return np.sort(np.concatenate([top, rest]))[::-1]
+
+
+def raise_floors(floors: np.ndarray, cap: float, left: float) -> float:
+    """Raise ``floors`` (ascending, in place) to ``cap``, highest first, until ``left`` more load
+    is placed: the test GPUs' concentration. Returns the load still to place."""
+    for i in range(len(floors) - 1, -1, -1):
+        up = min(cap - floors[i], left)
+        if up > 0:
+            floors[i] += up
+            left -= up
+        if left <= 0:
+            break
+    return left
 
 
 @njit(cache=True)
@@ -503,6 +510,7 @@ def supply_excluded(loads: Sequence[float], k: int, total_tps: float, gpu_cap_tp
             return False
 
 
-__all__ = ["SUPPLY_VERSION", "SUPPLY_SOUND_VERSIONS", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS", "SupplyGroup", "top_group_size",
-           "supply_group", "uniform_group", "shape_ok", "load_range", "least_work_loads", "best_vector", "best_vector_levels", "grid_count",
-           "supply_excluded"]
+__all__ = ["SUPPLY_VERSION", "SUPPLY_SOUND_VERSIONS", "SUPPLY_CHECKS", "SUPPLY_MAX_GPU_ADAPTERS",
+           "SupplyGroup", "top_group_size", "supply_group", "uniform_group", "shape_ok",
+           "load_range", "least_work_loads", "raise_floors", "best_vector", "best_vector_levels",
+           "grid_count", "supply_excluded"]

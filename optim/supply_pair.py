@@ -53,6 +53,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .supply_exclusion import raise_floors, top_group_size
+
 PAIR_SUPPLY_VERSION = 5
 PAIR_SUPPLY_BUDGET = 2          # GPU checks per check of the one-group step's budget
 SOUND_RTOL = 1e-5               # the best pair must stay this far below the load (float32)
@@ -106,16 +108,13 @@ def two_classes(loads: Sequence[float], rtol: float = 1e-9) -> TwoClasses | None
     x = np.sort(np.asarray(loads, dtype=float))[::-1]
     if len(x) < 3:
         return None
-    top = x >= x[0] * (1 - rtol)
-    t1 = int(top.sum())
+    t1 = top_group_size(x, rtol)
     if t1 >= len(x):
         return None
-    l2 = float(x[t1])
-    second = (~top) & (x >= l2 * (1 - rtol))
-    t2 = int(second.sum())
+    t2 = top_group_size(x[t1:], rtol)
     if t1 + t2 >= len(x):
         return None
-    return TwoClasses(float(x[0]), t1, l2, t2, np.sort(x[t1 + t2:]))
+    return TwoClasses(float(x[0]), t1, float(x[t1]), t2, np.sort(x[t1 + t2:]))
 
 
 def pair_test_loads(c: TwoClasses, m: int, h1: int, h2: int, load: float) -> np.ndarray | None:
@@ -128,14 +127,7 @@ def pair_test_loads(c: TwoClasses, m: int, h1: int, h2: int, load: float) -> np.
     if load < lo * (1 - 1e-12) or load > hi * (1 + 1e-12):
         return None
     rest = c.rest[:m - h1 - h2].astype(float)
-    left = max(float(load) - lo, 0.0)
-    for i in range(len(rest) - 1, -1, -1):
-        up = min(c.w - rest[i], left)
-        if up > 0:
-            rest[i] += up
-            left -= up
-        if left <= 0:
-            break
+    raise_floors(rest, c.w, max(float(load) - lo, 0.0))
     return np.sort(np.concatenate([[c.l1] * h1, [c.l2] * h2, rest]))[::-1]
 
 
@@ -284,5 +276,5 @@ def pair_supply_excluded(loads: Sequence[float], total_tps: float, gpu_cap_tps: 
             return False
 
 
-__all__ = ["PAIR_SUPPLY_VERSION", "PAIR_SUPPLY_BUDGET", "TwoClasses", "two_classes", "pair_test_loads",
-           "pair_supply_excluded"]
+__all__ = ["PAIR_SUPPLY_VERSION", "PAIR_SUPPLY_BUDGET", "TwoClasses", "two_classes",
+           "pair_test_loads", "pair_supply_excluded"]
