@@ -49,6 +49,8 @@ from twin.server import Judging, ServerConfig, simulate_requests, simulate_serve
 from twin.slo import Slo
 from twin.workload import Adapter, generate_requests
 
+from .disk_cache import update_json
+
 SATURATION_DURATION_S = 900.0
 _FIRST_PASS_TPS = 40_000.0      # far above any calibrated GPU (the H100 backbone is ~18-20k)
 _cache: dict[tuple, float] = {}
@@ -188,19 +190,8 @@ def _disk_get(key: str) -> dict | None:
 
 
 def _disk_put(key: str, value: dict) -> None:
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[key] = value
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
-        pass                                  # a read-only home: measured again next time
+    """Add one entry to the user's cache (``optim.disk_cache``: under a lock, atomically)."""
+    update_json(_cache_path(), {key: value})
 
 
 _fingerprints: dict[str, str] = {}

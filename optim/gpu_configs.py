@@ -42,6 +42,8 @@ from twin.profile import GpuProfile, load_profile
 from twin.server import ServerConfig
 from twin.workload import Adapter
 
+from .disk_cache import read_json, update_json
+
 AMAX_GRID = (4, 8, 16, 32)
 CAPACITY_SEEDS = 3
 CAPACITY_MARGIN = 0.03
@@ -148,23 +150,11 @@ def _disk() -> Path:
 
 
 def _disk_read() -> dict:
-    try:
-        return json.loads(_disk().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(_disk())
 
 
 def _disk_write(new: dict) -> None:
-    path = _disk()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = _disk_read()
-        data.update(new)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
-        pass                                  # read-only home: measured again next time
+    update_json(_disk(), new)
 
 
 def _measure(specs: list[tuple], lengths: LengthModel, duration_s: float, seeds: list[int],

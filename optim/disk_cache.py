@@ -1,0 +1,59 @@
+"""The JSON files of the user's cache (``~/.cache/lora-placement`` or ``$LORA_PLACEMENT_CACHE``):
+entries added under a lock, files replaced atomically.
+
+Several processes add entries to one file at once (parallel studies, a bound search beside a
+solve, the workers of one study): a plain read-modify-write keeps only the last writer's
+entries, so measurements that took minutes are silently measured again next time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path``'s sidecar ``<name>.lock`` file (POSIX ``flock``; no lock on
+    a platform without it)."""
+    try:
+        import fcntl
+    except ImportError:                       # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def read_json(path: Path) -> dict:
+    """The cache file's entries ({} when it is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update_json(path: Path, new: dict) -> None:
+    """Add ``new``'s entries to the file, keeping every entry other processes wrote; a
+    read-only cache directory is left alone (the values are measured again next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(path):
+            data = read_json(path)
+            data.update(new)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
+            os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+__all__ = ["locked", "read_json", "update_json"]
