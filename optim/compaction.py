@@ -9,7 +9,12 @@ while the twin serves them on one at Amax 21-32; the 64 adapters of
 One attempt with ``k`` GPUs (the types of the placement's first ``k``):
 
 1. the adapters are spread load-balanced over the ``k`` GPUs (largest offered load first onto the
-   least-loaded GPU, ``balance.balanced_members``);
+   least-loaded GPU, ``balance.balanced_members``); when that spread fails and the adapters have
+   several ranks (GPUs of one profile), steps 2-4 are tried again on a spread in rank tiers
+   (``balance.rank_tiered_members``: the high-rank adapters on as few GPUs as their load needs,
+   filled with the heaviest smallest-rank adapters, each GPU's share of the load in proportion to
+   the twin's saturated throughput at its rank), since a server pays for its largest rank on
+   every slot (``instances/small/small-18``: 2 GPUs that way, none load-balanced);
 2. each GPU's Amax is searched over every integer 1..min(adapters + 1, the largest Amax its rank
    starts with) by ``amax_search.twin_best_amax`` (coarse scan, then integer refinement around
    the best probe), all with the workload that GPU draws in verification (seed = instance seed +
@@ -45,7 +50,8 @@ Every taken step is recorded in ``Placement.repairs``.
 from __future__ import annotations
 
 from .amax_search import twin_best_amax, twin_best_score
-from .balance import balanced_members
+from .balance import balanced_members, rank_tiered_members
+from .capacity import lora_max_throughput
 from .feasibility import lora_gpu_lower_bound, raise_bound_to
 from .instance import Instance
 from .placement import GpuPlan, Placement, plan_gpu
@@ -58,32 +64,60 @@ REBALANCE_RECEIVERS = 2      # ... each onto the best-scoring GPUs
 REBALANCE_MAX_SEARCHES = 48  # Amax searches one rebalancing may run
 
 
+def _spreads(inst: Instance, p: Placement, k: int) -> list[tuple[str, list[list[int]]]]:
+    """The spreads an attempt with ``k`` GPUs tries, in order (module docstring, step 1): by
+    load, then (mixed ranks on GPUs of one profile) by load within rank tiers."""
+    out = [("load-balanced", [m for m in balanced_members(inst, inst.adapters, k) if m])]
+    profiles = {g.profile for g in p.gpus[:k]}
+    if len(profiles) == 1 and len(p.gpus) >= k:
+        prof = next(iter(profiles))
+
+        def cap(rank: int) -> float:
+            return lora_max_throughput(prof, rank, inst.lengths)
+        tiers = rank_tiered_members(inst, inst.adapters, k, cap)
+        if tiers is not None:
+            tiers = [m for m in tiers if m]
+            if sorted(map(sorted, tiers)) != sorted(map(sorted, out[0][1])):
+                out.append(("load-balanced within rank tiers", tiers))
+    return out
+
+
 def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
-             workers: int | None) -> tuple[Placement, int] | None:
+             workers: int | None) -> tuple[Placement, int, str] | None:
     """The placement on ``k`` GPUs of the kinds of ``p``'s first ``k`` (module docstring, one
-    attempt, with its rebalancing), verified and accepted, with the adapters its rebalancing
-    moved; or None."""
-    members = [m for m in balanced_members(inst, inst.adapters, k) if m]
-    bases = p.gpus[:len(members)]        # fewer adapters than GPUs: the empty ones go
+    attempt, each spread with its rebalancing), verified and accepted, with the adapters its
+    rebalancing moved and the spread's name; or None."""
     seen: dict[tuple[int, tuple[int, ...]], tuple[GpuPlan | None, float]] = {}
+    for how, members in _spreads(inst, p, k):
+        bases = p.gpus[:len(members)]        # fewer adapters than GPUs: the empty ones go
 
-    def search(g: int, mem: list[int]) -> tuple[GpuPlan | None, float]:
-        """GPU ``g`` holding ``mem`` at its best Amax, with the workload GPU ``g`` draws in
-        verification (seed + index): (the accepted plan or None, the best score)."""
-        key = (g, tuple(sorted(mem)))
-        if key not in seen:
-            ads = [(inst.adapters[i], 1.0) for i in mem]
-            draft = plan_gpu(bases[g].gpu_type, bases[g].profile, 1, ads, inst.mean_tokens,
-                             max(a.rank for a, _ in ads))
-            best, _, score = twin_best_score(inst, draft, inst.seed + g, duration_s, workers)
-            seen[key] = (best, score)
-        return seen[key]
+        def search(g: int, mem: list[int]) -> tuple[GpuPlan | None, float]:
+            """GPU ``g`` holding ``mem`` at its best Amax, with the workload GPU ``g`` draws in
+            verification (seed + index): (the accepted plan or None, the best score)."""
+            key = (g, tuple(sorted(mem)))
+            if key not in seen:
+                ads = [(inst.adapters[i], 1.0) for i in mem]
+                draft = plan_gpu(bases[g].gpu_type, bases[g].profile, 1, ads, inst.mean_tokens,
+                                 max(a.rank for a, _ in ads))
+                best, _, score = twin_best_score(inst, draft, inst.seed + g, duration_s,
+                                                 workers)
+                seen[key] = (best, score)
+            return seen[key]
 
+        got = _try_spread(inst, p, members, search, duration_s, workers)
+        if got is not None:
+            return got[0], got[1], how
+    return None
+
+
+def _try_spread(inst: Instance, p: Placement, members: list[list[int]], search,
+                duration_s: float, workers: int | None) -> tuple[Placement, int] | None:
+    """One spread (steps 2-4): each GPU at its best Amax, rebalanced when near, verified."""
     found = []
     for g, mem in enumerate(members):
         best, score = search(g, mem)
         if best is None and score < REBALANCE_FROM:
-            return None                  # far from accepted: the attempt ends here
+            return None                  # far from accepted: the spread ends here
         found.append((best, score))
     moves = 0
     if any(b is None for b, _ in found):
@@ -212,9 +246,9 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
             tries += 1
             got = _attempt(inst, p, p.n_gpus - 1, dur, workers)
             if got is not None:
-                smaller, moves = got
-                how = (f"load-balanced then {moves} light adapter(s) moved off rejected GPUs"
-                       if moves else "load-balanced")
+                smaller, moves, spread = got
+                how = (f"{spread} then {moves} light adapter(s) moved off rejected GPUs"
+                       if moves else spread)
                 changes.append(f"compaction: {p.n_gpus} -> {smaller.n_gpus} GPU(s), {how}, "
                                "each GPU's Amax chosen by the twin "
                                f"({', '.join(str(g.max_loras) for g in smaller.gpus)})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,8 @@ def test_one_gpu_of_the_paper_n64_instance_is_found_between_grid_amaxes():
     two = Placement(inst.name, "greedy", "solved", (plan, plan), verdict="accepted")
     got = _attempt(inst, two, 1, inst.duration_s, workers=2)
     assert got is not None
-    one, _ = got
+    one, _, how = got
+    assert how == "load-balanced"
     assert one.verdict == "accepted" and one.n_gpus == 1
     assert 20 <= one.gpus[0].max_loras <= 30
 
@@ -191,3 +193,50 @@ def test_compaction_finds_two_gpus_for_small_16_by_moving_one_light_adapter():
     assert p.verdict == "accepted" and p.n_gpus == 2
     assert p.params["lower_bound"] == 2
     assert any("light adapter(s) moved off rejected GPUs" in r for r in p.repairs)
+
+
+def test_rank_tiers_keep_high_ranks_on_few_gpus_and_fill_them_with_the_smallest():
+    from optim.balance import balanced_members, rank_tiered_members
+    inst = _inst(n=30, rate=0.6)                    # ranks 8/16/32, one in three each
+    assert rank_tiered_members(inst, [a for a in inst.adapters if a.rank == 8], 3) is None
+    assert rank_tiered_members(inst, inst.adapters, 1) is None
+    cap = {8: 1.0, 16: 0.97, 32: 0.92}.get
+    for k in (2, 3, 4, 5):
+        tiers = rank_tiered_members(inst, inst.adapters, k, cap)
+        assert sorted(i for m in tiers for i in m) == list(range(30))   # each adapter once
+        loads = [inst.load_tps(a) for a in inst.adapters]
+        total = sum(loads)
+        for r in (16, 32):                          # rank >= r on the first n_r GPUs only
+            above = sum(l for a, l in zip(inst.adapters, loads) if a.rank >= r)
+            used = [g for g, m in enumerate(tiers) if any(inst.adapters[i].rank >= r for i in m)]
+            n_r = math.ceil(above / (total / k / cap(8) * cap(r)) - 1e-9)
+            assert used and max(used) < max(1, min(k, n_r))
+        ceilings = [max((inst.adapters[i].rank for i in m), default=0) for m in tiers]
+        assert ceilings == sorted(ceilings, reverse=True)
+        # a rank-16 adapter sits on a rank-32 GPU only when the rank-16 GPUs are full
+        gl = [sum(loads[i] for i in m) for m in tiers]
+        spilled = any(inst.adapters[i].rank == 16 for g, m in enumerate(tiers)
+                      if ceilings[g] == 32 for i in m)
+        if spilled and 16 in ceilings:
+            assert all(gl[g] >= 0.9 * total / k for g in range(k) if ceilings[g] == 16)
+    even = balanced_members(inst, inst.adapters, 3)
+    assert all(max(inst.adapters[i].rank for i in m) == 32 for m in even)
+
+
+def test_compaction_finds_two_gpus_for_small_18_by_keeping_rank_32_on_one():
+    """small-18 (40 adapters, ranks 8/16/32, zipf rates; 600 s window): spread evenly by load
+    over two GPUs both run at rank 32 and score 0.995 and 0.991 at their best Amax; in rank tiers
+    (rank 32 with the heaviest rank-8 adapters on one GPU, rank 16 with the rest on the other)
+    and one light adapter moved, both are accepted: 2 GPUs, the twin lower bound."""
+    from optim.compaction import _attempt
+    from optim.placement import Placement, plan_gpu
+    inst = load_instance(REPO / "instances" / "small" / "small-18-llama-n40-g4-zipf.json")
+    plan = plan_gpu("h100", LLAMA, 8, [(a, 1.0) for a in inst.adapters], inst.mean_tokens, 32)
+    three = Placement(inst.name, "greedy", "solved", (plan, plan, plan), verdict="accepted")
+    got = _attempt(inst, three, 2, 600.0, workers=2)
+    assert got is not None
+    two, moves, how = got
+    assert how == "load-balanced within rank tiers" and moves <= 2
+    assert two.verdict == "accepted" and two.n_gpus == 2
+    assert sorted(g.max_lora_rank for g in two.gpus) == [16, 32]
+    assert lora_gpu_lower_bound(inst, 600.0) == 2
