@@ -259,6 +259,7 @@ def compact(inst: Instance, placement: Placement, duration_s: float | None = Non
             light = sorted((i for i in range(p.n_gpus)
                             if p.gpus[i].n_adapters <= DRAIN_MAX_ADAPTERS),
                            key=lambda i: (p.gpus[i].offered_tps, i))
+            smaller = None                  # no GPU light enough: nothing to drain
             for g in light[:DRAIN_CANDIDATES]:
                 smaller = _drain(inst, p, g, dur, workers, budget)
                 if smaller is not None:

@@ -240,3 +240,21 @@ def test_compaction_finds_two_gpus_for_small_18_by_keeping_rank_32_on_one():
     assert two.verdict == "accepted" and two.n_gpus == 2
     assert sorted(g.max_lora_rank for g in two.gpus) == [16, 32]
     assert lora_gpu_lower_bound(inst, 600.0) == 2
+
+
+def test_compaction_stops_when_no_attempt_works_and_no_gpu_is_light_enough_to_drain(monkeypatch):
+    """Every GPU above DRAIN_MAX_ADAPTERS adapters and the spreads failing (patched): the
+    placement comes back unchanged (compaction read a variable it had not set there)."""
+    import optim.compaction as C
+    from optim.placement import Placement, plan_gpu
+    from optim.verify import verify
+    monkeypatch.setattr(C, "DRAIN_MAX_ADAPTERS", 2)
+    inst = _inst(n=6, rate=0.2)
+    plans = tuple(plan_gpu("h100", LLAMA, 4, [(a, 1.0) for a in g], inst.mean_tokens)
+                  for g in (inst.adapters[:3], inst.adapters[3:]))
+    two = verify(Placement(inst.name, "given", "solved", plans), inst, duration_s=DUR)
+    assert two.verdict == "accepted"
+    monkeypatch.setattr(C, "_attempt", lambda *a, **k: None)
+    out = compact(inst, two, DUR)
+    assert out.n_gpus == 2 and out.repairs == two.repairs
+    assert out.params["compaction_attempts"] == 1
