@@ -15,7 +15,10 @@ limit covers bounds, starts, model building, search and replays):
    alone, else the assignment model over the pool cut to what can beat the best start); at the
    deadline the best start is returned with the bound;
 5. with ``verify``, replays the placement in the fleet twin (window ``duration_s``); for every
-   GPU that starves or fails memory it cuts and re-solves — until the twin accepts, the model
+   GPU that starves or fails memory it first searches every integer Amax
+   (``integer_amax_rescue``: the capacity model knows only its Amax grid, the twin can accept
+   a GPU between grid values) and keeps the best one the twin accepts; for the GPUs no integer
+   Amax serves it cuts and re-solves — until the twin accepts, the model
    can no longer beat the incumbent, the iteration limit
    (``instance.solver.max_repair_iterations``, default 30) or the deadline (replays that would
    pass it are not started). Every iteration is reported in ``params``. Cuts (``cut_mode``):
@@ -712,6 +715,14 @@ def _solve_exact(inst: Instance, objective, solver: str, time_limit_s: float | N
         rec["verdict"] = placement.verdict
         bad_gpus = [g for g in placement.gpus if g.verified is not None and not g.verified.ok]
         rec["rejected_gpus"] = len(bad_gpus)
+        if bad_gpus and not P.splits:
+            placement, n_int = integer_amax_rescue(inst, placement, duration_s, workers,
+                                                   deadline)
+            state["placement"] = placement
+            rec["integer_amax_accepted"] = n_int
+            rec["verdict"] = placement.verdict
+            bad_gpus = [g for g in placement.gpus
+                        if g.verified is not None and not g.verified.ok]
         iterations.append(rec)
         if placement.verdict == "accepted":
             break
@@ -820,6 +831,39 @@ def _solve_exact(inst: Instance, objective, solver: str, time_limit_s: float | N
         status = "optimal"
     return placement.with_(params={**placement.params, **params}, notes=tuple(notes),
                            objective=obj.name, status=status, best_bound=best_bound)
+
+
+def integer_amax_rescue(inst: Instance, placement: Placement, duration_s: float | None,
+                        workers: int | None, deadline: float) -> tuple[Placement, int]:
+    """``placement`` with each GPU the twin rejects at its configuration's Amax (a grid value:
+    the capacity model knows no other) moved to the best integer Amax the twin accepts it at
+    (``amax_search.twin_best_amax``, with the draw that GPU has in verification: seed + index),
+    and the number of GPUs so accepted. The placement is verified again when every rejected
+    GPU was accepted so; GPUs no integer Amax serves are left for the cuts. Searches that would
+    pass ``deadline`` are not started."""
+    from ..amax_search import twin_best_amax
+    dur = float(duration_s if duration_s is not None else inst.duration_s)
+    gpus = list(placement.gpus)
+    bad = [j for j, g in enumerate(gpus) if g.verified is not None and not g.verified.ok]
+    accepted = 0
+    for j in bad:
+        if time.perf_counter() >= deadline - 1.0:
+            break
+        best, _ = twin_best_amax(inst, replace(gpus[j], verified=None), inst.seed + j, dur,
+                                 workers)
+        if best is not None:
+            gpus[j] = best
+            accepted += 1
+    if accepted == 0:
+        return placement, 0
+    out = placement.with_(gpus=tuple(gpus), notes=placement.notes + (
+        f"{accepted} GPU(s) the twin rejected at the capacity model's Amax accepted at another "
+        "integer Amax (" + ", ".join(str(gpus[j].max_loras) for j in bad
+                                      if gpus[j].verified is not None and gpus[j].verified.ok)
+        + ")",))
+    if accepted == len(bad):
+        out = twin_verify(out, inst, duration_s=duration_s, workers=workers)
+    return out, accepted
 
 
 def _threads() -> int:
