@@ -33,6 +33,7 @@ queue for a slot's adapter; one adapter on two slots beats one slot).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -63,8 +64,7 @@ def twin_scores(inst: Instance, plan: GpuPlan, amaxes: Sequence[int],
     seeds = [int(seed)] * len(amaxes) if isinstance(seed, (int, np.integer)) else list(seed)
     if len(seeds) != len(amaxes):
         raise ValueError(f"twin_scores: {len(seeds)} seeds for {len(amaxes)} Amax values")
-    cands = [GpuPlan(plan.gpu_type, plan.profile, int(a), plan.max_lora_rank, plan.adapters,
-                     plan.offered_tps, plan.predicted) for a in amaxes]
+    cands = [replace(plan, max_loras=int(a), verified=None) for a in amaxes]   # cap kept
     jobs = [c.twin_assignment(inst.judging) for c in cands]
     res = simulate_fleet(jobs, duration_s=duration_s, lengths=inst.lengths, workers=workers,
                          check_routing=False, seeds=seeds, stop_below=stop_below)
@@ -130,8 +130,7 @@ def twin_best_score(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
         if s < 1.0:
             return None, runs, float(s)
     m = metrics[best]
-    return GpuPlan(plan.gpu_type, plan.profile, best, plan.max_lora_rank, plan.adapters,
-                   plan.offered_tps, plan.predicted, GpuMetrics.from_run(m)), runs, float(s)
+    return replace(plan, max_loras=best, verified=GpuMetrics.from_run(m)), runs, float(s)
 
 
 __all__ = ["COARSE_PROBES", "coarse_probes", "search_max", "amax_upper", "twin_scores",

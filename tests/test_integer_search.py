@@ -132,3 +132,23 @@ def test_overload_candidates_take_every_amax_near_the_best():
     best, top, near = _overload_candidates(lambda xs: [plateau[a] for a in xs], 60)
     assert len(near) == CANDIDATE_MAX and best in near
     assert min(plateau[a] for a in near) >= max(plateau[a] for a in plateau if a not in near)
+
+
+def test_the_amax_search_keeps_the_gpus_power_cap():
+    """A power-capped GPU is searched and returned with its cap (the search built its candidate
+    plans without it, so a capped GPU was judged at full power)."""
+    from dataclasses import replace
+    inst = instance_from_dict({
+        "name": "capped", "adapters": [{"id": f"a{i}", "rank": 8, "rate": 2.0}
+                                       for i in range(16)],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 2}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": WINDOW})
+    plan = plan_gpu("h100", LLAMA, 8, [(a, 1.0) for a in inst.adapters], inst.mean_tokens, 8)
+    capped = replace(plan, power_cap_w=200.0)
+    full = [m.throughput_tps for _, m in twin_scores(inst, plan, [8, 16], inst.seed, WINDOW, 1)]
+    low = [m.throughput_tps for _, m in twin_scores(inst, capped, [8, 16], inst.seed, WINDOW, 1)]
+    assert all(lo < hi for lo, hi in zip(low, full))
+    best, _ = twin_best_amax(inst, replace(capped, adapters=capped.adapters[:2],
+                                           offered_tps=capped.offered_tps / 8), inst.seed,
+                             WINDOW, 1)
+    assert best is not None and best.power_cap_w == 200.0
