@@ -19,8 +19,10 @@ capacities rounded down, power in units of 0.1 mW, prices in cents):
 
 The search starts from the greedy plan (``optim.config_greedy``) as a hint. *Optimal* means
 proven for this model: the twin-measured configuration capacities and the linear power lines;
-the twin then replays the placement (each GPU with its own profile and cap); a GPU it rejects
-cuts its configuration's capacity below the load it failed at and the model is solved again.
+the twin then replays the placement (each GPU with its own profile and cap); a GPU it rejects is
+searched at every integer Amax first (``loop.integer_amax_rescue``; not with a power budget or
+the energy objective, whose power depends on Amax) and, where no Amax serves it, cuts its
+configuration's capacity below the load it failed at and the model is solved again.
 """
 
 from __future__ import annotations
@@ -267,6 +269,7 @@ def solve_templates(inst: Instance, kind: str, time_limit_s: float | None, verif
     (index, searches, replays) stays within ``time_limit_s`` (default: the instance's, else 60)
     apart from a first measurement of the index."""
     from ..verify import verify as twin_verify
+    from .loop import integer_amax_rescue
     configs = config_index(inst, workers=workers, duration_s=duration_s)
     t0 = time.perf_counter()
     limit = time_limit_s or inst.solver.time_limit_s or 60.0
@@ -310,6 +313,10 @@ def solve_templates(inst: Instance, kind: str, time_limit_s: float | None, verif
         if not verify:
             break
         p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
+        if p.verdict != "accepted" and kind != "energy" and inst.power_budget_w is None:
+            # a configuration's Amax is a grid value; the twin may accept the GPU at another
+            # integer (the GPU count and price do not depend on it; power does)
+            p, _ = integer_amax_rescue(inst, p, duration_s, workers, t0 + limit)
         if p.verdict == "accepted":
             break
         configs, cut = derate_rejected(configs, p)
