@@ -34,6 +34,9 @@ Writes ``<out-dir>/optimality_gap.{csv,md,png}``, ``optimality_gap_paper.{csv,md
 ``--json``); the last line is ``instances=<n> proven_optimal=<k> twin_proven=<t>/<n>
 greedy_mean_gap=<g> greedy_optimal_share=<p> paper_exact_twin_accepted=<a>/<runs> false_optimal=<f>
 paper_over_time_limit=<o>``.
+Each instance's row is stored as it finishes (``--store``, default ``<out-dir>/points.jsonl``),
+keyed by the instance, part, time limit, window and the twin's fingerprint, so a stopped run
+continues where it stopped; ``--no-store`` measures everything again.
 ``--quick``: 12 small instances, a 20 s limit per solve; the twin window is 600 s in both modes
 (shorter windows count the requests still in flight at the end as lost and call GPUs near
 capacity starving).
@@ -47,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from experiments.common import markdown_table
+from experiments.common import RowStore, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_DIR = REPO / "instances" / "small"
@@ -68,8 +71,24 @@ def _row_method(p, name: str) -> dict:
             f"{name}_verdict": p.verdict, f"{name}_time_s": round(p.wall_time_s, 3)}
 
 
+def point_key(inst, part: str, time_limit: float, duration: float) -> str:
+    """What a stored instance row depends on: the instance's content, the study part, the time
+    limit, the twin window and the twin's fingerprint of every profile (a twin change reruns the
+    instance; code changes do not: start a new ``--store`` to measure the code anew)."""
+    import hashlib
+    import json
+
+    from optim.capacity import twin_fingerprint
+    blob = json.dumps({"instance": inst.to_dict(), "part": part, "time_limit": time_limit,
+                       "duration": duration,
+                       "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out: str | None,
-        workers: int | None, parts: tuple[str, ...] = ("small", "paper")) -> int:
+        workers: int | None, parts: tuple[str, ...] = ("small", "paper"),
+        store: RowStore | None = None) -> int:
     from tqdm import tqdm
 
     from optim.exact.bounds import lower_bounds
@@ -87,6 +106,10 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
     rows = []
     for f in tqdm(files, desc="small instances", file=sys.stderr):
         inst = load_instance(f)
+        key = point_key(inst, "small", time_limit, duration) if store is not None else None
+        if store is not None and store.get(key) is not None:
+            rows.append(store.get(key))
+            continue
         row = {"instance": inst.name, "adapters": len(inst.adapters),
                "pool": inst.total_gpus_available, "kind": "small"}
         P = build_problem(inst, "gpus")
@@ -128,6 +151,8 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
             g = row.get(f"{m}_gpus")
             row[f"{m}_gap"] = None if g is None or ref is None else g - ref
         rows.append(row)
+        if store is not None:
+            store.put(key, row)
     for name in (MEDIUM[:1 if quick else len(MEDIUM)] if "small" in parts else ()):
         f = REPO / "instances" / "paper" / f"{name}.json"
         if not f.is_file():
@@ -143,7 +168,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
                      "cpsat_gpus": len(r.gpus) if r.gpus else None,
                      "cpsat_solver_status": r.status, "cpsat_solve_time_s": round(r.solve_time_s, 3),
                      "cpsat_verdict": None})
-    paper = paper_rows(quick, duration, workers) if "paper" in parts else []
+    paper = paper_rows(quick, duration, workers, store) if "paper" in parts else []
     return finish(rows, heur, out_dir, json_out, quick, time_limit, duration, paper)
 
 
@@ -155,7 +180,8 @@ def paper_files(quick: bool) -> list[Path]:
     return files[::8] if quick else files
 
 
-def paper_rows(quick: bool, duration: float, workers: int | None) -> list[dict]:
+def paper_rows(quick: bool, duration: float, workers: int | None,
+               store: RowStore | None = None) -> list[dict]:
     """Both exact methods (``PAPER_TIME_LIMIT_S`` each, twin in the loop) on the paper
     instances with <= 160 adapters, started from greedy's twin-verified placement (run once per
     instance and handed to both). A result is a *false optimal* when it claims optimality
@@ -170,6 +196,11 @@ def paper_rows(quick: bool, duration: float, workers: int | None) -> list[dict]:
     rows = []
     for f in tqdm(paper_files(quick), desc="paper instances (<= 160 adapters)", file=sys.stderr):
         inst = load_instance(f)
+        key = point_key(inst, "paper", PAPER_TIME_LIMIT_S, duration) \
+            if store is not None else None
+        if store is not None and store.get(key) is not None:
+            rows.append(store.get(key))
+            continue
         row = {"instance": inst.name, "adapters": len(inst.adapters), "kind": "paper",
                "twin_lb": lora_gpu_lower_bound(inst, duration)}
         g = solve(inst, "greedy", objective="gpus", verify=True, duration_s=duration,
@@ -193,6 +224,8 @@ def paper_rows(quick: bool, duration: float, workers: int | None) -> list[dict]:
             row[f"{m}_false_optimal"] = bool(row[f"{m}_status"] == "optimal" and best is not None
                                              and best < row[f"{m}_gpus"])
         rows.append(row)
+        if store is not None:
+            store.put(key, row)
     return rows
 
 
@@ -292,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run one part: the small instances (with the medium bounds) or the "
                          "paper instances with <= 160 adapters (default: both)")
     ap.add_argument("--out-dir", default=str(REPO / "results" / "optimality_gap"))
+    ap.add_argument("--store", default=None, metavar="ROWS.jsonl",
+                    help="keep each instance's row as it finishes and reuse the rows stored "
+                         "for the same instance, options and twin (default: "
+                         "<out-dir>/points.jsonl; a stopped run continues there)")
+    ap.add_argument("--no-store", action="store_true",
+                    help="measure every instance again and store nothing")
     a = ap.parse_args(argv)
     tl = a.time_limit or (20.0 if a.quick else 60.0)
     dur = a.duration or 600.0
@@ -300,7 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t0 = time.time()
     parts = (a.only,) if a.only else ("small", "paper")
-    rc = run(a.quick, tl, dur, Path(a.out_dir), a.json, a.workers, parts)
+    store = None if a.no_store else RowStore(Path(a.store) if a.store
+                                             else Path(a.out_dir) / "points.jsonl")
+    rc = run(a.quick, tl, dur, Path(a.out_dir), a.json, a.workers, parts, store)
     print(f"wall={time.time() - t0:.1f}s", file=sys.stderr)
     return rc
 
