@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from optim.amax_search import twin_best_amax
 from optim.compaction import compact
@@ -258,3 +259,37 @@ def test_compaction_stops_when_no_attempt_works_and_no_gpu_is_light_enough_to_dr
     out = compact(inst, two, DUR)
     assert out.n_gpus == 2 and out.repairs == two.repairs
     assert out.params["compaction_attempts"] == 1
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(6, 30), rate=st.floats(0.3, 2.0), extra=st.integers(1, 3),
+       ranks=st.sampled_from([(8,), (8, 32), (8, 16, 32), (16, 32)]),
+       drain_limit=st.sampled_from([2, 16]))
+def test_compaction_keeps_every_adapter_once_and_returns_only_accepted_placements(
+        n, rate, extra, ranks, drain_limit):
+    """On sampled instances (mixed ranks, GPUs light or too heavy to drain), compaction of a
+    twin-accepted spread returns a twin-accepted placement with every adapter once, no more
+    GPUs than it was given and no fewer than the twin lower bound."""
+    import optim.compaction as C
+    inst = instance_from_dict({
+        "name": "p", "adapters": [{"id": f"a{i}", "rank": ranks[i % len(ranks)],
+                                   "rate": rate * (1 + (i * 7) % 5) / 3} for i in range(n)],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 12}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+    lb = lora_gpu_lower_bound(inst)
+    wide = solve(inst, "maxbase", options=MethodOptions(n_gpus=lb + extra), verify=True,
+                 duration_s=DUR)
+    if wide.verdict != "accepted":
+        return                                        # nothing to compact
+    old = C.DRAIN_MAX_ADAPTERS
+    C.DRAIN_MAX_ADAPTERS = drain_limit
+    try:
+        out = compact(inst, wide, DUR)
+    finally:
+        C.DRAIN_MAX_ADAPTERS = old
+    assert out.verdict == "accepted" and lb <= out.n_gpus <= wide.n_gpus
+    assert sorted(a.id for g in out.gpus for a, _ in g.adapters) == sorted(
+        a.id for a in inst.adapters)
+    assert all(g.verified is not None and g.verified.ok for g in out.gpus)
+    assert all(g.max_lora_rank >= max(a.rank for a, _ in g.adapters) for g in out.gpus)
