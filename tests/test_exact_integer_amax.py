@@ -33,6 +33,10 @@ def test_a_gpu_rejected_at_grid_amax_is_accepted_between_grid_values():
     # past the deadline nothing is searched and the placement comes back as it was
     same, n = integer_amax_rescue(inst, checked, inst.duration_s, 2, time.perf_counter())
     assert n == 0 and same is checked
+    # nor when the search's replays, at the loop's measured replay time, would pass it
+    same, n = integer_amax_rescue(inst, checked, inst.duration_s, 2, time.perf_counter() + 600,
+                                  replay_s=100.0)
+    assert n == 0 and same is checked
 
 
 def test_gpus_no_integer_amax_serves_are_left_for_the_cuts():

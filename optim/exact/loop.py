@@ -717,7 +717,7 @@ def _solve_exact(inst: Instance, objective, solver: str, time_limit_s: float | N
         rec["rejected_gpus"] = len(bad_gpus)
         if bad_gpus and not P.splits:
             placement, n_int = integer_amax_rescue(inst, placement, duration_s, workers,
-                                                   deadline)
+                                                   deadline, replay_s)
             state["placement"] = placement
             rec["integer_amax_accepted"] = n_int
             rec["verdict"] = placement.verdict
@@ -833,21 +833,26 @@ def _solve_exact(inst: Instance, objective, solver: str, time_limit_s: float | N
                            objective=obj.name, status=status, best_bound=best_bound)
 
 
+RESCUE_REPLAYS = 20      # replays one GPU's integer Amax search is budgeted at (probes, refinement)
+
+
 def integer_amax_rescue(inst: Instance, placement: Placement, duration_s: float | None,
-                        workers: int | None, deadline: float) -> tuple[Placement, int]:
+                        workers: int | None, deadline: float,
+                        replay_s: float | None = None) -> tuple[Placement, int]:
     """``placement`` with each GPU the twin rejects at its configuration's Amax (a grid value:
     the capacity model knows no other) moved to the best integer Amax the twin accepts it at
     (``amax_search.twin_best_amax``, with the draw that GPU has in verification: seed + index),
     and the number of GPUs so accepted. The placement is verified again when every rejected
-    GPU was accepted so; GPUs no integer Amax serves are left for the cuts. Searches that would
-    pass ``deadline`` are not started."""
+    GPU was accepted so; GPUs no integer Amax serves are left for the cuts. A search is not
+    started within a second of ``deadline``, nor when ``RESCUE_REPLAYS`` replays of
+    ``replay_s`` wall seconds each (the loop's measured replay time) would pass it."""
     from ..amax_search import twin_best_amax
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     gpus = list(placement.gpus)
     bad = [j for j, g in enumerate(gpus) if g.verified is not None and not g.verified.ok]
     accepted = 0
     for j in bad:
-        if time.perf_counter() >= deadline - 1.0:
+        if time.perf_counter() + RESCUE_REPLAYS * (replay_s or 0.0) >= deadline - 1.0:
             break
         best, _ = twin_best_amax(inst, replace(gpus[j], verified=None), inst.seed + j, dur,
                                  workers)
