@@ -53,8 +53,8 @@ def rank_tiered_members(inst: Instance, adapters: Sequence[Adapter], k: int,
     least load relative to its capacity, else the lowest higher tier with room (it costs that
     GPU no rank), else the allowed GPU of least relative load (ties: lowest index). The smallest
     rank fills the higher tiers' room first, heaviest first (few adapters cost a high-rank GPU
-    the least per-slot work), then the GPUs of least relative load. The high-rank adapters thus share
-    as few GPUs as their load allows and the other GPUs run at a smaller rank
+    the least per-slot work), then the GPUs of least relative load. The high-rank adapters thus
+    share as few GPUs as their load allows and the other GPUs run at a smaller rank
     (``instances/small/small-18``: 40 adapters of ranks 8/16/32 split evenly by load score 0.995
     and 0.991 at their best Amax; with rank 32 on one GPU both are accepted)."""
     ranks = sorted({a.rank for a in adapters}, reverse=True)
@@ -82,7 +82,7 @@ def rank_tiered_members(inst: Instance, adapters: Sequence[Adapter], k: int,
         if r != low:       # own tier, else the lowest tier above with room, else least loaded
             own = [g for g in fits if ceiling[g] == r]
             g = (min(own, key=lambda g: (gload[g] / weight[g], g)) if own
-                 else max(fits, key=lambda g: (-ceiling[g], g)) if fits
+                 else min(fits, key=lambda g: (ceiling[g], g)) if fits
                  else min(range(allowed[r]), key=lambda g: (gload[g] / weight[g], g)))
         else:              # the higher tiers' room first, heaviest first
             room = [g for g in fits if ceiling[g] != low]
