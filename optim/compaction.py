@@ -143,7 +143,9 @@ def _rebalance(inst: Instance, members: list[list[int]], found: list, search
     average at least 1 (their spare capacity covers the shortfall) and none is below
     ``REBALANCE_FROM``. Each move takes one of the ``REBALANCE_ADAPTERS`` lightest adapters of
     the worst GPU onto one of the ``REBALANCE_RECEIVERS`` best-scoring others, the first move
-    that raises the smaller score of the two GPUs above the worst one's (first improvement)."""
+    that raises the smaller score of the two GPUs above the worst one's (first improvement);
+    moves that keep the receiver's rank are tried before those that raise it (lightest adapter
+    first, then best-scoring receiver)."""
     scores = [s for _, s in found]
     if sum(scores) < len(scores):
         return None
@@ -155,19 +157,22 @@ def _rebalance(inst: Instance, members: list[list[int]], found: list, search
         receivers = sorted((g for g in range(len(found)) if g != w),
                            key=lambda g: (-found[g][1], g))[:REBALANCE_RECEIVERS]
         light = sorted(members[w], key=lambda i: (inst.load_tps(inst.adapters[i]), i))
+        top = {g: max(inst.adapters[j].rank for j in members[g]) for g in receivers}
+        # moves that keep the receiver's rank first (a higher rank costs it every slot)
+        tries = sorted(((i, g) for i in (light[:REBALANCE_ADAPTERS]
+                                         if len(members[w]) > 1 else [])
+                        for g in receivers),
+                       key=lambda ig: inst.adapters[ig[0]].rank > top[ig[1]])
         moved = False
-        for i in light[:REBALANCE_ADAPTERS] if len(members[w]) > 1 else []:
-            for g in receivers:
-                if budget < 2:
-                    return None
-                budget -= 2
-                rest, more = [j for j in members[w] if j != i], members[g] + [i]
-                fw, fg = search(w, rest), search(g, more)
-                if min(fw[1], fg[1]) > found[w][1]:
-                    members[w], members[g], found[w], found[g] = rest, more, fw, fg
-                    moved, moves = True, moves + 1
-                    break
-            if moved:
+        for i, g in tries:
+            if budget < 2:
+                return None
+            budget -= 2
+            rest, more = [j for j in members[w] if j != i], members[g] + [i]
+            fw, fg = search(w, rest), search(g, more)
+            if min(fw[1], fg[1]) > found[w][1]:
+                members[w], members[g], found[w], found[g] = rest, more, fw, fg
+                moved, moves = True, moves + 1
                 break
         if not moved:
             return None

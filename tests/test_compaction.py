@@ -293,3 +293,24 @@ def test_compaction_keeps_every_adapter_once_and_returns_only_accepted_placement
         a.id for a in inst.adapters)
     assert all(g.verified is not None and g.verified.ok for g in out.gpus)
     assert all(g.max_lora_rank >= max(a.rank for a, _ in g.adapters) for g in out.gpus)
+
+
+def test_rebalance_tries_moves_that_keep_the_receivers_rank_first():
+    """GPU 1's lightest adapters have rank 32, GPU 0 runs at rank 8: the rank-8 adapters of GPU 1
+    are moved onto it first (a rank-32 adapter would cost GPU 0 every slot's padding)."""
+    from optim.compaction import _rebalance
+    inst = instance_from_dict({
+        "name": "r", "adapters": [{"id": f"a{i}", "rank": r, "rate": q} for i, (r, q) in
+                                  enumerate([(8, 0.5)] * 4 + [(32, 0.2)] * 4 + [(8, 0.6)] * 4)],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 4}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+    loads = [inst.load_tps(a) for a in inst.adapters]
+    members = [[0, 1, 2, 3], list(range(4, 12))]
+    l0, l1 = sum(loads[i] for i in members[0]), sum(loads[i] for i in members[1])
+    search, calls = _capacity_search(inst, [l0 * 1.5, l1 * 0.97])
+    found = [search(0, members[0]), search(1, members[1])]
+    calls.clear()
+    got = _rebalance(inst, members, found, search)
+    assert got is not None
+    moved = [set(m) - set(members[0]) for g, m in calls if g == 0]
+    assert moved and all(inst.adapters[i].rank == 8 for s in moved for i in s)
