@@ -53,6 +53,21 @@ def markdown_table(df) -> str:
     return "\n".join(lines)
 
 
+def instance_point_key(inst, **options) -> str:
+    """The key of a study's stored point: a hash of the instance's content, ``options`` (method,
+    window, limits ...) and the twin's fingerprint of every profile, and under a client-view
+    SLO the fitted latency-tail constants too (a twin change reruns the point; the row records
+    the commit it was measured on)."""
+    import hashlib
+    from optim.capacity import slo_key, twin_fingerprint
+    key = {"instance": inst.to_dict(), **options,
+           "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]}
+    if inst.slo is not None:            # a client-view SLO: the latency tail's constants too
+        key["slo"] = [slo_key(t.load_profile(), inst.slo) for t in inst.gpu_types]
+    blob = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 class RowStore:
     """Rows of finished points in a JSON-lines file, appended as each finishes."""
 

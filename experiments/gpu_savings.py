@@ -46,7 +46,6 @@ greedy_total_gpus=<n> certified_optimal=<c>/<points>`` (reduction over MaxBase s
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -61,7 +60,7 @@ from optim.supply_exclusion import SUPPLY_CHECKS
 from optim.instance import Instance, InstanceError, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
-from .common import REPO, RowStore, git_commit
+from .common import REPO, RowStore, git_commit, instance_point_key
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
@@ -222,18 +221,10 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
 
 def point_key(inst, method: str, duration_s: float, max_extra: int, pair_checks: int) -> str:
-    """What a stored point depends on: instance content, method, window, options and the twin's
-    fingerprint of every profile, and under a client-view SLO the fitted latency-tail constants
-    (a twin change reruns the point; the row records the commit it was measured on)."""
-    import hashlib
-    from optim.capacity import slo_key, twin_fingerprint
-    key = {"instance": inst.to_dict(), "method": method, "duration_s": duration_s,
-           "max_extra": max_extra, "pair_checks": pair_checks,
-           "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]}
-    if inst.slo is not None:            # a client-view SLO: the latency tail's constants too
-        key["slo"] = [slo_key(t.load_profile(), inst.slo) for t in inst.gpu_types]
-    blob = json.dumps(key, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    """What a stored point depends on (``common.instance_point_key``): instance content,
+    method, window, options, the twin's fingerprint (and an SLO's latency-tail constants)."""
+    return instance_point_key(inst, method=method, duration_s=duration_s, max_extra=max_extra,
+                              pair_checks=pair_checks)
 
 
 def stored_rows(path: Path, quick: bool, methods: str | None) -> pd.DataFrame:

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from experiments.common import RowStore, markdown_table
+from experiments.common import RowStore, instance_point_key, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_DIR = REPO / "instances" / "small"
@@ -71,19 +71,16 @@ def _row_method(p, name: str) -> dict:
             f"{name}_verdict": p.verdict, f"{name}_time_s": round(p.wall_time_s, 3)}
 
 
-def point_key(inst, part: str, time_limit: float, duration: float) -> str:
-    """What a stored instance row depends on: the instance's content, the study part, the time
-    limit, the twin window and the twin's fingerprint of every profile (a twin change reruns the
-    instance; code changes do not: start a new ``--store`` to measure the code anew)."""
-    import hashlib
-    import json
-
-    from optim.capacity import twin_fingerprint
-    blob = json.dumps({"instance": inst.to_dict(), "part": part, "time_limit": time_limit,
-                       "duration": duration,
-                       "twin": [twin_fingerprint(t.load_profile()) for t in inst.gpu_types]},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+def _stored(store: RowStore | None, inst, part: str, time_limit: float, duration: float
+            ) -> tuple[str | None, dict | None]:
+    """(key, stored row) of an instance in ``store``: the key hashes the instance, the study
+    part, the time limit, the window and the twin's fingerprint (``common.instance_point_key``;
+    a twin change reruns the instance, a code change does not: start a new ``--store`` to
+    measure the code anew). (None, None) without a store."""
+    if store is None:
+        return None, None
+    key = instance_point_key(inst, part=part, time_limit=time_limit, duration=duration)
+    return key, store.get(key)
 
 
 def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out: str | None,
@@ -106,9 +103,9 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
     rows = []
     for f in tqdm(files, desc="small instances", file=sys.stderr):
         inst = load_instance(f)
-        key = point_key(inst, "small", time_limit, duration) if store is not None else None
-        if store is not None and store.get(key) is not None:
-            rows.append(store.get(key))
+        key, hit = _stored(store, inst, "small", time_limit, duration)
+        if hit is not None:
+            rows.append(hit)
             continue
         row = {"instance": inst.name, "adapters": len(inst.adapters),
                "pool": inst.total_gpus_available, "kind": "small"}
@@ -151,7 +148,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
             g = row.get(f"{m}_gpus")
             row[f"{m}_gap"] = None if g is None or ref is None else g - ref
         rows.append(row)
-        if store is not None:
+        if key is not None:
             store.put(key, row)
     for name in (MEDIUM[:1 if quick else len(MEDIUM)] if "small" in parts else ()):
         f = REPO / "instances" / "paper" / f"{name}.json"
@@ -196,10 +193,9 @@ def paper_rows(quick: bool, duration: float, workers: int | None,
     rows = []
     for f in tqdm(paper_files(quick), desc="paper instances (<= 160 adapters)", file=sys.stderr):
         inst = load_instance(f)
-        key = point_key(inst, "paper", PAPER_TIME_LIMIT_S, duration) \
-            if store is not None else None
-        if store is not None and store.get(key) is not None:
-            rows.append(store.get(key))
+        key, hit = _stored(store, inst, "paper", PAPER_TIME_LIMIT_S, duration)
+        if hit is not None:
+            rows.append(hit)
             continue
         row = {"instance": inst.name, "adapters": len(inst.adapters), "kind": "paper",
                "twin_lb": lora_gpu_lower_bound(inst, duration)}
@@ -224,7 +220,7 @@ def paper_rows(quick: bool, duration: float, workers: int | None,
             row[f"{m}_false_optimal"] = bool(row[f"{m}_status"] == "optimal" and best is not None
                                              and best < row[f"{m}_gpus"])
         rows.append(row)
-        if store is not None:
+        if key is not None:
             store.put(key, row)
     return rows
 
