@@ -69,7 +69,7 @@ def _spreads(inst: Instance, p: Placement, k: int) -> list[tuple[str, list[list[
     load, then (mixed ranks on GPUs of one profile) by load within rank tiers."""
     out = [("load-balanced", [m for m in balanced_members(inst, inst.adapters, k) if m])]
     profiles = {g.profile for g in p.gpus[:k]}
-    if len(profiles) == 1 and len(p.gpus) >= k:
+    if len(profiles) == 1:
         prof = next(iter(profiles))
 
         def cap(rank: int) -> float:
@@ -88,22 +88,21 @@ def _attempt(inst: Instance, p: Placement, k: int, duration_s: float,
     attempt, each spread with its rebalancing), verified and accepted, with the adapters its
     rebalancing moved and the spread's name; or None."""
     seen: dict[tuple[int, tuple[int, ...]], tuple[GpuPlan | None, float]] = {}
-    for how, members in _spreads(inst, p, k):
-        bases = p.gpus[:len(members)]        # fewer adapters than GPUs: the empty ones go
 
-        def search(g: int, mem: list[int]) -> tuple[GpuPlan | None, float]:
-            """GPU ``g`` holding ``mem`` at its best Amax, with the workload GPU ``g`` draws in
-            verification (seed + index): (the accepted plan or None, the best score)."""
-            key = (g, tuple(sorted(mem)))
-            if key not in seen:
-                ads = [(inst.adapters[i], 1.0) for i in mem]
-                draft = plan_gpu(bases[g].gpu_type, bases[g].profile, 1, ads, inst.mean_tokens,
-                                 max(a.rank for a, _ in ads))
-                best, _, score = twin_best_score(inst, draft, inst.seed + g, duration_s,
-                                                 workers)
-                seen[key] = (best, score)
-            return seen[key]
+    def search(g: int, mem: list[int]) -> tuple[GpuPlan | None, float]:
+        """GPU ``g`` (of ``p``'s kind at that index) holding ``mem`` at its best Amax, with the
+        workload GPU ``g`` draws in verification (seed + index): (the accepted plan or None,
+        the best score); shared by the spreads."""
+        key = (g, tuple(sorted(mem)))
+        if key not in seen:
+            ads = [(inst.adapters[i], 1.0) for i in mem]
+            draft = plan_gpu(p.gpus[g].gpu_type, p.gpus[g].profile, 1, ads, inst.mean_tokens,
+                             max(a.rank for a, _ in ads))
+            best, _, score = twin_best_score(inst, draft, inst.seed + g, duration_s, workers)
+            seen[key] = (best, score)
+        return seen[key]
 
+    for how, members in _spreads(inst, p, k):    # fewer adapters than GPUs: the empty ones go
         got = _try_spread(inst, p, members, search, duration_s, workers)
         if got is not None:
             return got[0], got[1], how

@@ -850,26 +850,22 @@ def integer_amax_rescue(inst: Instance, placement: Placement, duration_s: float 
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     gpus = list(placement.gpus)
     bad = [j for j, g in enumerate(gpus) if g.verified is not None and not g.verified.ok]
-    accepted = 0
+    amaxes: list[int] = []                    # the integer Amax of each GPU so accepted
     for j in bad:
         if time.perf_counter() + RESCUE_REPLAYS * (replay_s or 0.0) >= deadline - 1.0:
             break
-        best, _ = twin_best_amax(inst, replace(gpus[j], verified=None), inst.seed + j, dur,
-                                 workers)
+        best, _ = twin_best_amax(inst, gpus[j], inst.seed + j, dur, workers)
         if best is not None:
             gpus[j] = best
-            accepted += 1
-    if accepted == 0:
+            amaxes.append(best.max_loras)
+    if not amaxes:
         return placement, 0
     out = placement.with_(gpus=tuple(gpus), notes=placement.notes + (
-        f"{accepted} GPU(s) the twin rejected at the capacity model's Amax accepted at another "
-        "integer Amax (" + ", ".join(str(gpus[j].max_loras) for j in bad
-                                      if gpus[j].verified is not None and gpus[j].verified.ok)
-        + ")",))
-    if accepted == len(bad):
+        f"{len(amaxes)} GPU(s) the twin rejected at the capacity model's Amax accepted at "
+        f"another integer Amax ({', '.join(map(str, amaxes))})",))
+    if len(amaxes) == len(bad):
         out = twin_verify(out, inst, duration_s=duration_s, workers=workers)
-    return out, accepted
-
+    return out, len(amaxes)
 
 def _threads() -> int:
     from .common import default_threads
