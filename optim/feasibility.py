@@ -28,6 +28,7 @@ import numpy as np
 from twin.workload import Adapter
 
 from .capacity import BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax
+from .count_bound import adapter_count_bound
 from .feasibility_report import FeasibilityReport, Reason
 from .instance import Instance
 
@@ -78,6 +79,8 @@ class TwinBound:
     (``busiest_gpu_excluded``); ``two_gpus_excluded``: no split over two GPUs is accepted (``two_gpus_excluded``);
     ``by_packing``: the Martello–Toth L2 bound of the adapters' loads packed into bins of
     ``count_cap_tps`` (``packing_bound``: hot adapters that no GPU carries two of);
+    ``by_adapters``: under a latency SLO, the least count whose GPUs can hold every adapter
+    within their count-dependent SLO limits (``optim.count_bound``; 0: not measured);
     ``best`` = the largest GPU count these leave. ``count_limits`` lists
     the (adapters, carry limit) points measured for ``by_count``."""
 
@@ -95,10 +98,11 @@ class TwinBound:
     two_gpus_excluded: bool = False
     busiest_excluded_to: int = 0
     by_packing: int = 0
+    by_adapters: int = 0
 
     @property
     def best(self) -> int:
-        return max(self.one_adapter, self.by_count, self.by_packing,
+        return max(self.one_adapter, self.by_count, self.by_packing, self.by_adapters,
                    2 if self.one_gpu_excluded else 1,
                    self.fullest_excluded_to + 1, self.busiest_excluded_to + 1,
                    3 if self.two_gpus_excluded else 1)
@@ -109,7 +113,7 @@ class TwinBound:
                                                   "count_cap_tps", "one_adapter", "by_count",
                                                   "one_gpu_excluded", "fullest_excluded_to",
                                                   "busiest_excluded_to", "two_gpus_excluded",
-                                                  "by_packing")},
+                                                  "by_packing", "by_adapters")},
                 "best": self.best, "count_limits": [list(x) for x in self.count_limits]}
 
 
@@ -241,7 +245,10 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     at every Amax even with the lightest adapters at the smallest rank,
     ``fullest_gpu_excluded`` replays that GPU; else, where L / k is above ``COUNT_BOUND_FROM`` x
     the one-adapter cap, ``busiest_gpu_excluded`` replays the least-work GPU carrying L / k (at
-    most ``MAX_FULLEST_STEPS`` values of k in all). When
+    most ``MAX_FULLEST_STEPS`` values of k in all); under a latency SLO these steps start from
+    the count-partition bound (every adapter sits on some GPU, and a GPU's SLO limit falls with
+    the adapters it holds: ``count_bound.adapter_count_bound``, a knapsack over per-GPU
+    adapter counts with the limits of the most concentrated loads). When
     two GPUs are left and the fuller must swap, ``two_gpus_excluded`` checks every split of
     adapters and load with up to ``pair_checks`` GPU checks (0, the default: skipped; each check
     of a GPU holding hundreds of adapters replays every Amax, minutes on two cores). A twin-accepted placement with ``best`` GPUs is optimal in the twin
@@ -279,18 +286,26 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
                          f"{_smallest_rank(inst)}")
     lb_one, lb_count = _count_bound(total, best_one), _count_bound(total, best_count)
     lb_pack = packing_bound([inst.load_tps(a) for a in inst.adapters], best_count)
+    # under a latency SLO a GPU's limit falls with the adapters it holds, and every adapter
+    # sits on some GPU: the count-partition bound (optim.count_bound)
+    lb_adapters = 0
+    if inst.slo is not None and len(inst.gpu_types) == 1:
+        lb_adapters, _ = adapter_count_bound(inst, dur, workers,
+                                             k_from=max(lb_one, lb_count, lb_pack),
+                                             k_max=inst.total_gpus_available)
     # one GPU for everything: exact check of every Amax, where the caps leave it possible —
     # near the one-adapter cap, or where one GPU would have to swap adapters at every Amax
     # (more adapters than any type starts slots for: the many-adapter limits behind the
     # COUNT_BOUND_FROM shortcut are measured with every adapter resident)
-    excluded = (max(lb_one, lb_count, lb_pack) == 1
+    excluded = (max(lb_one, lb_count, lb_pack, lb_adapters) == 1
                 and (total > COUNT_BOUND_FROM * best_one or _swaps_on_one_gpu(inst))
                 and one_gpu_excluded(inst, dur, workers))
     # k >= 2 GPUs: the fullest holds ceil(adapters / k); where even the lightest such set at
     # the smallest rank must swap on one GPU, replay it (fullest_gpu_excluded)
     # or where the busiest GPU, carrying at least L / k, is near the cap: replay the least-work
     # such GPU (busiest_gpu_excluded)
-    k, r0 = max(lb_one, lb_count, lb_pack, 2 if excluded else 1), _smallest_rank(inst)
+    k = max(lb_one, lb_count, lb_pack, lb_adapters, 2 if excluded else 1)
+    r0 = _smallest_rank(inst)
     fullest = busiest = 0
     for _ in range(MAX_FULLEST_STEPS):
         if k < 2:
@@ -310,7 +325,7 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
             and two_gpus_excluded(inst, dur, workers, pair_checks))
     return TwinBound(inst.name, dur, total, lmax, best_one, best_count, lb_one, lb_count,
                      tuple((int(n), float(v)) for n, v in points), excluded, fullest, pair,
-                     busiest, lb_pack)
+                     busiest, lb_pack, lb_adapters)
 
 
 def _must_swap(inst: Instance, n: int, rank: int) -> bool:
@@ -909,8 +924,9 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     """``target`` when the twin-sound exclusions show that no twin-accepted placement uses
     ``target - 1`` = ``lb`` GPUs, else ``lb``: the checks a certificate needs when a placement
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
-    spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs:
-    ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound);
+    spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs: under
+    a latency SLO the count-partition bound over every grid count (``count_bound``, measuring
+    until ``lb`` is excluded), then ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound);
     two GPUs: also every split replayed (``two_gpu_splits_excluded``, few adapters only), then
     every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
@@ -925,6 +941,10 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
         return lb
     if lb == 1:
         return target if one_gpu_excluded(inst, duration_s, workers) else lb
+    if (inst.slo is not None and len(inst.gpu_types) == 1
+            and adapter_count_bound(inst, duration_s, workers, lb, lb,
+                                    max_count=len(inst.adapters))[0] > lb):
+        return target
     if fullest_gpu_excluded(inst, lb, duration_s, workers):
         return target
     if busiest_gpu_excluded(inst, lb, duration_s, workers):
