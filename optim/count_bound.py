@@ -266,6 +266,13 @@ def partition_bound(load: float, cap: np.ndarray, k_from: int = 1, k_max: int | 
         f, k = g, k + 1
 
 
+def _bound_rank(inst, prof: GpuProfile) -> int | None:
+    """The smallest startable rank >= the instance's smallest adapter rank (None: none)."""
+    r = min(a.rank for a in inst.adapters)
+    ranks = sorted(x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1)
+    return ranks[0] if ranks else None
+
+
 def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_from: int = 1,
                         k_max: int | None = None, max_count: int | None = None
                         ) -> tuple[int, list[tuple[int, float]]]:
@@ -279,9 +286,8 @@ def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_f
     if inst.slo is None or len(inst.gpu_types) != 1:
         return k_from, []
     prof = inst.gpu_types[0].load_profile()
-    r = min(a.rank for a in inst.adapters)
-    ranks = sorted(x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1)
-    if not ranks:
+    rank = _bound_rank(inst, prof)
+    if rank is None:
         return k_from, []
     loads = sorted((inst.load_tps(a) for a in inst.adapters), reverse=True)
     n_total = len(loads)
@@ -292,7 +298,7 @@ def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_f
     points: dict[int, float] = {}
     k = k_from
     for g in grid:
-        points[g] = count_limit(prof, ranks[0], g, loads, inst.lengths, duration_s, seeds,
+        points[g] = count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
                                 inst.starvation_threshold, inst.slo, workers).limit_tps
         cap = caps_by_count(loads, points.__getitem__, grid=sorted(points))
         k = partition_bound(inst.total_load_tps, cap, k_from, k_max)
@@ -301,5 +307,26 @@ def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_f
     return k, sorted(points.items())
 
 
+def count_caps(inst, duration_s: float, workers: int | None = None,
+               max_count: int | None = None, grid: Sequence[int] = COUNT_BOUND_GRID
+               ) -> np.ndarray | None:
+    """``caps_by_count`` of ``inst`` under its SLO with ``K`` measured at every ``grid`` count
+    up to ``max_count`` (default: all adapters): ``cap[n]`` bounds the load of any accepted
+    GPU holding ``n`` of its adapters. None without an SLO or with several GPU types."""
+    if inst.slo is None or len(inst.gpu_types) != 1:
+        return None
+    prof = inst.gpu_types[0].load_profile()
+    rank = _bound_rank(inst, prof)
+    if rank is None:
+        return None
+    loads = sorted((inst.load_tps(a) for a in inst.adapters), reverse=True)
+    top = len(loads) if max_count is None else min(len(loads), int(max_count))
+    seeds = tuple(inst.seed + g for g in range(BOUND_SEEDS))
+    points = {g: count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
+                             inst.starvation_threshold, inst.slo, workers).limit_tps
+              for g in grid if g <= top}
+    return caps_by_count(loads, points.__getitem__, grid=sorted(points))
+
+
 __all__ = ["COUNT_BOUND_GRID", "CountLimit", "box_loads", "concentrated_loads", "count_limit",
-           "caps_by_count", "partition_bound", "adapter_count_bound"]
+           "caps_by_count", "partition_bound", "adapter_count_bound", "count_caps"]

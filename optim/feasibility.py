@@ -28,7 +28,7 @@ import numpy as np
 from twin.workload import Adapter
 
 from .capacity import BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax
-from .count_bound import adapter_count_bound
+from .count_bound import adapter_count_bound, count_caps
 from .feasibility_report import FeasibilityReport, Reason
 from .instance import Instance
 
@@ -511,11 +511,13 @@ SPLIT_MAX_ADAPTERS = 20    # two_gpu_splits_excluded: most adapters enumerated (
 SPLIT_MAX_CHECKS = 1024    # ... most distinct (GPU sequence, seed) replays (4 per split x 256)
 
 
-def two_gpu_splits(inst: Instance, cap_tps: float) -> list[tuple[int, ...]] | None:
+def two_gpu_splits(inst: Instance, cap_tps: float, caps_by_n: np.ndarray | None = None
+                   ) -> list[tuple[int, ...]] | None:
     """Every split of ``inst``'s adapters over two non-empty GPUs (the first GPU's adapter
     indices; the last adapter always on the second, so each unordered split once) in which
-    neither GPU offers more than ``cap_tps``; None when the instance has more than
-    ``SPLIT_MAX_ADAPTERS`` adapters."""
+    neither GPU offers more than ``cap_tps``, nor (``caps_by_n``: under a latency SLO,
+    ``count_bound.count_caps``) more than ``caps_by_n[n]`` with ``n`` adapters; None when the
+    instance has more than ``SPLIT_MAX_ADAPTERS`` adapters."""
     n = len(inst.adapters)
     if n < 2 or n > SPLIT_MAX_ADAPTERS:
         return None
@@ -525,6 +527,9 @@ def two_gpu_splits(inst: Instance, cap_tps: float) -> list[tuple[int, ...]] | No
     first = bits @ loads
     total = inst.total_load_tps
     ok = (first <= cap_tps) & (total - first <= cap_tps)
+    if caps_by_n is not None:
+        k = bits.sum(axis=1).astype(np.int64)          # adapters on the first GPU
+        ok &= (first <= caps_by_n[k]) & (total - first <= caps_by_n[n - k])
     return [tuple(int(i) for i in np.flatnonzero(b)) for b in bits[ok]]
 
 
@@ -566,7 +571,9 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
     ``SPLIT_MAX_ADAPTERS`` adapters, or more than ``SPLIT_MAX_CHECKS`` distinct GPU checks).
 
     Exact in the twin but for the load window: a GPU offering more than the one-adapter carry
-    limit (the bound's cap, margin included) is not accepted, the premise of the bound itself.
+    limit (the bound's cap, margin included) is not accepted, the premise of the bound itself;
+    under a latency SLO neither is one of ``n`` adapters offering more than the count cap
+    ``count_bound.count_caps`` gives ``n`` (the premises of that bound).
     Verification gives the two GPUs the seeds ``inst.seed`` and ``inst.seed + 1`` and takes
     each GPU's adapters in id order, so a split is accepted only if, for one of the two ways to
     order its GPUs, each GPU is accepted at some type, ``max_lora_rank`` and Amax with its seed
@@ -577,13 +584,16 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
         return None                # too many to enumerate (one adapter: no split)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
+    # under an SLO (else None): the count caps at every count, few adapters being enumerated
+    caps_n = count_caps(inst, duration_s, workers, grid=range(1, len(inst.adapters) + 1))
     key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
-                   what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/c{SPLIT_MAX_CHECKS}")
+                   what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/c{SPLIT_MAX_CHECKS}"
+                   + ("" if caps_n is None else "/by-count"))
     hit = _disk_get(key)
     if hit is not None:
         return None if hit["excluded"] is None else bool(hit["excluded"])
     splits = two_gpu_splits(inst, max(one_adapter_caps(inst, duration_s, workers).values(),
-                                      default=0.0))
+                                      default=0.0), caps_n)
     checks = None if splits is None else split_checks(inst, splits)
     out = (None if checks is None or checks > SPLIT_MAX_CHECKS
            else not _some_split_accepted(inst, splits, duration_s, workers))

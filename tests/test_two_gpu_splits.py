@@ -44,6 +44,24 @@ def test_splits_are_every_unordered_split_inside_the_window():
     assert F.two_gpu_splits(_inst([1.0] * (F.SPLIT_MAX_ADAPTERS + 1)), 1e9) is None
 
 
+def test_count_caps_drop_the_splits_whose_sides_exceed_them():
+    """With caps per adapter count (under an SLO: ``count_bound.count_caps``) a split stays
+    only when each side's load is within the cap of its own count."""
+    rng = np.random.default_rng(7)
+    inst = _inst(list(rng.uniform(0.5, 3.0, 8)))
+    loads = [inst.load_tps(a) for a in inst.adapters]
+    n, total = len(loads), sum(loads)
+    caps = np.array([0.0] + [total * (0.9 - 0.07 * k) for k in range(1, n + 1)])
+    got = F.two_gpu_splits(inst, 1e9, caps)
+    want = set()
+    for k in range(1, n):
+        for first in itertools.combinations(range(n - 1), k):
+            e = sum(loads[i] for i in first)
+            if e <= caps[k] and total - e <= caps[n - k]:
+                want.add(first)
+    assert set(got) == want and 0 < len(got) < len(F.two_gpu_splits(inst, 1e9))
+
+
 def test_splits_of_one_adapter_kind_need_one_check_per_gpu_size_and_seed(monkeypatch):
     """12 equal adapters: 2047 splits, but a GPU's draw depends only on its (rank, rate)
     sequence in id order, so the replays are one per GPU size (1..11) and seed: 22 checks,
