@@ -256,14 +256,14 @@ def point_bound(inst: Instance, bound, counts: Sequence[int], duration_s: float,
     (``feasibility.raise_bound_to``) — the same for a solve and for ``--rebound``."""
     if counts and min(counts) == bound.best + 1:
         return raise_bound_to(inst, bound.best, min(counts), duration_s, workers,
-                              SUPPLY_CHECKS)
+                              SUPPLY_CHECKS, full_counts=True)
     return bound.best
 
 
 def rebound(inst: Instance, part, workers: int | None, pair_checks: int) -> tuple[int, int]:
     """(lb, lb_one) of one instance's stored rows ``part`` with the current code."""
     dur = float(part["duration_s"].iloc[0])
-    b = twin_lower_bound(inst, dur, workers, pair_checks)
+    b = twin_lower_bound(inst, dur, workers, pair_checks, full_counts=True)
     return point_bound(inst, b, accepted_counts(part.to_dict(orient="records")), dur,
                        workers), b.one_adapter
 
@@ -278,7 +278,7 @@ def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_e
     keys = {m: point_key(inst, m, duration_s, max_extra, pair_checks) for m in methods}
     if store is not None and all(store.get(k) is not None for k in keys.values()):
         return [store.get(keys[m]) for m in methods]
-    bound = twin_lower_bound(inst, duration_s, workers, pair_checks)
+    bound = twin_lower_bound(inst, duration_s, workers, pair_checks, full_counts=True)
     mine = []
     for m in methods:
         hit = store.get(keys[m]) if store is not None else None

@@ -49,13 +49,23 @@ from twin.profile import GpuProfile
 from twin.slo import Slo
 from twin.workload import Adapter
 
-from .capacity import (BOUND_SEEDS, COUNT_SEEDS, SLO_BRACKET_STEP, SPREAD_SIGMAS, Judging, _cache as _limit_cache,
-                       _disk_get, _disk_put, _measurement_pool, _profile, carry_limit,
-                       max_startable_amax, slo_key, twin_fingerprint)
+from .capacity import (BOUND_SEEDS, COUNT_SEEDS, SLO_BRACKET_STEP, SPREAD_SIGMAS, Judging,
+                       _cache as _limit_cache, _disk_get, _disk_put, _measurement_pool,
+                       _profile, carry_limit, max_startable_amax, slo_key, twin_fingerprint)
 
-COUNT_BOUND_GRID = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 80, 96, 128)
+COUNT_BOUND_GRID = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 80, 96,
+                    128)
 COUNT_BOUND_RTOL = 0.005        # bisection resolution of K(n) (relative)
 _VERSION = 3                    # bump when the measurement changes (disk cache)
+SOLVE_SIM_BUDGET_S = 10_200.0   # a solve measures K(n) anew only where (n + 1) x window <= this
+
+
+def solve_count_max(duration_s: float) -> int:
+    """The largest count whose ``K`` a solve measures anew (its Amax scan replays n + 1
+    configurations of the window per probe): 16 at a 600 s window, 1 at 3,600 s; larger
+    counts come from the cache only (the studies measure them), so a first solve under an SLO
+    stays quick and its bound only weaker."""
+    return max(1, int(SOLVE_SIM_BUDGET_S // max(float(duration_s), 1.0)) - 1)
 
 
 @dataclass(frozen=True)
@@ -186,11 +196,13 @@ def _seed_limit(prof: GpuProfile, rank: int, upper: Sequence[float], lower: Sequ
 
 def count_limit(profile: GpuProfile | str, rank: int, n: int, loads_desc: Sequence[float],
                 lengths: LengthModel, duration_s: float, seeds: Sequence[int],
-                threshold: float, slo: Slo | None, workers: int | None = None) -> CountLimit:
+                threshold: float, slo: Slo | None, workers: int | None = None,
+                measure: bool = True) -> CountLimit | None:
     """``K(n)`` (module docstring) for the instance whose loads, sorted descending, are
     ``loads_desc`` (the box of ``n`` of them: caps the ``n`` heaviest, floors the ``n``
     lightest), measured on the first ``COUNT_SEEDS`` of ``seeds`` and cached on disk beside
-    the carry limits (keyed by everything it depends on)."""
+    the carry limits (keyed by everything it depends on). ``measure=False``: the cached value
+    or None."""
     prof = _profile(profile)
     seeds = tuple(int(s) for s in seeds)
     xs = [float(x) for x in loads_desc]
@@ -205,6 +217,8 @@ def count_limit(profile: GpuProfile | str, rank: int, n: int, loads_desc: Sequen
         out = CountLimit(**{**hit, "per_seed_tps": tuple(hit["per_seed_tps"])})
         _limit_cache[key] = out
         return out
+    if not measure:
+        return None
     one = carry_limit(prof, rank, 1, lengths, duration_s, seeds, threshold, workers, slo)
     box = sum(upper)
     hi = min(box, one.limit_tps)
@@ -274,15 +288,16 @@ def _bound_rank(inst, prof: GpuProfile) -> int | None:
 
 
 def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_from: int = 1,
-                        k_max: int | None = None, max_count: int | None = None
-                        ) -> tuple[int, list[tuple[int, float]]]:
+                        k_max: int | None = None, max_count: int | None = None,
+                        measure_max: int | None = None) -> tuple[int, list[tuple[int, float]]]:
     """The count-partition bound of ``inst`` under its SLO (module docstring): (the least GPU
     count >= ``k_from`` not excluded, ``k_max`` + 1 when every count up to ``k_max`` is; the
     measured (count, K) points). ``K`` is measured at the grid counts in ascending order, up
     to ``max_count`` (default: twice the adapters per GPU at ``k_from``), stopping once every
     count up to ``k_max`` is excluded: each measured point can only lower the caps, so a
-    partial grid gives a weaker bound, never an unsound one. One GPU type only (``k_from``
-    and no points otherwise)."""
+    partial grid gives a weaker bound, never an unsound one. Counts above ``measure_max``
+    (default: none) are taken from the cache only. One GPU type only (``k_from`` and no points
+    otherwise)."""
     if inst.slo is None or len(inst.gpu_types) != 1:
         return k_from, []
     prof = inst.gpu_types[0].load_profile()
@@ -298,8 +313,12 @@ def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_f
     points: dict[int, float] = {}
     k = k_from
     for g in grid:
-        points[g] = count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
-                                inst.starvation_threshold, inst.slo, workers).limit_tps
+        got = count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
+                          inst.starvation_threshold, inst.slo, workers,
+                          measure=measure_max is None or g <= measure_max)
+        if got is None:
+            continue
+        points[g] = got.limit_tps
         cap = caps_by_count(loads, points.__getitem__, grid=sorted(points))
         k = partition_bound(inst.total_load_tps, cap, k_from, k_max)
         if k > k_max:
@@ -308,11 +327,12 @@ def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_f
 
 
 def count_caps(inst, duration_s: float, workers: int | None = None,
-               max_count: int | None = None, grid: Sequence[int] = COUNT_BOUND_GRID
-               ) -> np.ndarray | None:
+               max_count: int | None = None, grid: Sequence[int] = COUNT_BOUND_GRID,
+               measure_max: int | None = None) -> np.ndarray | None:
     """``caps_by_count`` of ``inst`` under its SLO with ``K`` measured at every ``grid`` count
     up to ``max_count`` (default: all adapters): ``cap[n]`` bounds the load of any accepted
-    GPU holding ``n`` of its adapters. None without an SLO or with several GPU types."""
+    GPU holding ``n`` of its adapters; counts above ``measure_max`` (default: none) from the
+    cache only. None without an SLO or with several GPU types."""
     if inst.slo is None or len(inst.gpu_types) != 1:
         return None
     prof = inst.gpu_types[0].load_profile()
@@ -322,11 +342,14 @@ def count_caps(inst, duration_s: float, workers: int | None = None,
     loads = sorted((inst.load_tps(a) for a in inst.adapters), reverse=True)
     top = len(loads) if max_count is None else min(len(loads), int(max_count))
     seeds = tuple(inst.seed + g for g in range(BOUND_SEEDS))
-    points = {g: count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
-                             inst.starvation_threshold, inst.slo, workers).limit_tps
-              for g in grid if g <= top}
+    got = {g: count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
+                          inst.starvation_threshold, inst.slo, workers,
+                          measure=measure_max is None or g <= measure_max)
+           for g in grid if g <= top}
+    points = {g: v.limit_tps for g, v in got.items() if v is not None}
     return caps_by_count(loads, points.__getitem__, grid=sorted(points))
 
 
 __all__ = ["COUNT_BOUND_GRID", "CountLimit", "box_loads", "concentrated_loads", "count_limit",
-           "caps_by_count", "partition_bound", "adapter_count_bound", "count_caps"]
+           "caps_by_count", "partition_bound", "adapter_count_bound", "count_caps",
+           "solve_count_max"]

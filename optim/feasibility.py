@@ -28,7 +28,7 @@ import numpy as np
 from twin.workload import Adapter
 
 from .capacity import BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax
-from .count_bound import adapter_count_bound, count_caps
+from .count_bound import adapter_count_bound, count_caps, solve_count_max
 from .feasibility_report import FeasibilityReport, Reason
 from .instance import Instance
 
@@ -223,7 +223,8 @@ def count_cap(limit_of, one: float, max_adapter_tps: float, grid: tuple[int, ...
 
 
 def twin_lower_bound(inst: Instance, duration_s: float | None = None,
-                     workers: int | None = None, pair_checks: int = 0) -> TwinBound:
+                     workers: int | None = None, pair_checks: int = 0,
+                     full_counts: bool = False) -> TwinBound:
     """Twin-sound lower bounds on the GPUs of any placement of ``inst`` that verification (window
     ``duration_s``, default the instance's; GPU ``g`` drawing seed ``inst.seed + g``) accepts.
 
@@ -248,7 +249,9 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     most ``MAX_FULLEST_STEPS`` values of k in all); under a latency SLO these steps start from
     the count-partition bound (every adapter sits on some GPU, and a GPU's SLO limit falls with
     the adapters it holds: ``count_bound.adapter_count_bound``, a knapsack over per-GPU
-    adapter counts with the limits of the most concentrated loads). When
+    adapter counts with the limits of the most concentrated loads; ``full_counts``: its limits
+    measured at every count, as the studies do, else only up to ``count_bound.solve_count_max``
+    and from the cache beyond). When
     two GPUs are left and the fuller must swap, ``two_gpus_excluded`` checks every split of
     adapters and load with up to ``pair_checks`` GPU checks (0, the default: skipped; each check
     of a GPU holding hundreds of adapters replays every Amax, minutes on two cores). A twin-accepted placement with ``best`` GPUs is optimal in the twin
@@ -290,9 +293,10 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     # sits on some GPU: the count-partition bound (optim.count_bound)
     lb_adapters = 0
     if inst.slo is not None and len(inst.gpu_types) == 1:
-        lb_adapters, _ = adapter_count_bound(inst, dur, workers,
-                                             k_from=max(lb_one, lb_count, lb_pack),
-                                             k_max=inst.total_gpus_available)
+        lb_adapters, _ = adapter_count_bound(
+            inst, dur, workers, k_from=max(lb_one, lb_count, lb_pack),
+            k_max=inst.total_gpus_available,
+            measure_max=None if full_counts else solve_count_max(dur))
     # one GPU for everything: exact check of every Amax, where the caps leave it possible —
     # near the one-adapter cap, or where one GPU would have to swap adapters at every Amax
     # (more adapters than any type starts slots for: the many-adapter limits behind the
@@ -564,8 +568,8 @@ def split_checks(inst: Instance, splits: Sequence[Sequence[int]]) -> int:
     return len(seen)
 
 
-def two_gpu_splits_excluded(inst: Instance, duration_s: float,
-                            workers: int | None = None) -> bool | None:
+def two_gpu_splits_excluded(inst: Instance, duration_s: float, workers: int | None = None,
+                            full_counts: bool = False) -> bool | None:
     """True when no twin-accepted placement of ``inst`` uses exactly two GPUs, shown by
     replaying every split; None when there are too many to replay (more than
     ``SPLIT_MAX_ADAPTERS`` adapters, or more than ``SPLIT_MAX_CHECKS`` distinct GPU checks).
@@ -573,7 +577,8 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
     Exact in the twin but for the load window: a GPU offering more than the one-adapter carry
     limit (the bound's cap, margin included) is not accepted, the premise of the bound itself;
     under a latency SLO neither is one of ``n`` adapters offering more than the count cap
-    ``count_bound.count_caps`` gives ``n`` (the premises of that bound).
+    ``count_bound.count_caps`` gives ``n`` (the premises of that bound; ``full_counts`` as in
+    ``twin_lower_bound``).
     Verification gives the two GPUs the seeds ``inst.seed`` and ``inst.seed + 1`` and takes
     each GPU's adapters in id order, so a split is accepted only if, for one of the two ways to
     order its GPUs, each GPU is accepted at some type, ``max_lora_rank`` and Amax with its seed
@@ -585,7 +590,8 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
     # under an SLO (else None): the count caps at every count, few adapters being enumerated
-    caps_n = count_caps(inst, duration_s, workers, grid=range(1, len(inst.adapters) + 1))
+    caps_n = count_caps(inst, duration_s, workers, grid=range(1, len(inst.adapters) + 1),
+                        measure_max=None if full_counts else solve_count_max(duration_s))
     key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
                    what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/c{SPLIT_MAX_CHECKS}"
                    + ("" if caps_n is None else "/by-count"))
@@ -597,6 +603,8 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float,
     checks = None if splits is None else split_checks(inst, splits)
     out = (None if checks is None or checks > SPLIT_MAX_CHECKS
            else not _some_split_accepted(inst, splits, duration_s, workers))
+    if out is None and caps_n is not None and not full_counts:
+        return out               # too many with the caps a solve measures: not the last word
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
                     "splits": None if splits is None else len(splits), "checks": checks,
                     "duration_s": float(duration_s)})
@@ -930,13 +938,15 @@ CERT_PAIR_MAX_ADAPTERS = 512   # ... on instances of at most this many adapters
 
 
 def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
-                   workers: int | None = None, supply_checks: int = SUPPLY_SOLVE_CHECKS) -> int:
+                   workers: int | None = None, supply_checks: int = SUPPLY_SOLVE_CHECKS,
+                   full_counts: bool = False) -> int:
     """``target`` when the twin-sound exclusions show that no twin-accepted placement uses
     ``target - 1`` = ``lb`` GPUs, else ``lb``: the checks a certificate needs when a placement
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
     spare them elsewhere. One GPU: ``one_gpu_excluded`` (exact, every Amax); k >= 2 GPUs: under
     a latency SLO the count-partition bound over every grid count (``count_bound``, measuring
-    until ``lb`` is excluded), then ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound);
+    until ``lb`` is excluded; ``full_counts`` as in ``twin_lower_bound``), then
+    ``fullest_gpu_excluded`` then ``busiest_gpu_excluded`` (same assumptions as the bound);
     two GPUs: also every split replayed (``two_gpu_splits_excluded``, few adapters only), then
     every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
@@ -952,14 +962,15 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if lb == 1:
         return target if one_gpu_excluded(inst, duration_s, workers) else lb
     if (inst.slo is not None and len(inst.gpu_types) == 1
-            and adapter_count_bound(inst, duration_s, workers, lb, lb,
-                                    max_count=len(inst.adapters))[0] > lb):
+            and adapter_count_bound(
+                inst, duration_s, workers, lb, lb, max_count=len(inst.adapters),
+                measure_max=None if full_counts else solve_count_max(duration_s))[0] > lb):
         return target
     if fullest_gpu_excluded(inst, lb, duration_s, workers):
         return target
     if busiest_gpu_excluded(inst, lb, duration_s, workers):
         return target
-    if lb == 2 and two_gpu_splits_excluded(inst, duration_s, workers):
+    if lb == 2 and two_gpu_splits_excluded(inst, duration_s, workers, full_counts):
         return target
     if (lb == 2 and len(inst.adapters) <= CERT_PAIR_MAX_ADAPTERS
             and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):

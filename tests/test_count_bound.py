@@ -137,3 +137,16 @@ def test_count_limits_fall_with_the_count_where_the_slo_sets_them():
     if k6 >= sum(LOADS[:6]) * (1 - 1e-9):
         pytest.skip("K(6) is set by the loads")
     assert k10 <= k6
+
+
+def test_a_solve_measures_only_small_counts_and_reads_the_rest_from_the_cache(tmp_path,
+                                                                            monkeypatch):
+    """``measure=False`` returns a cached K or None, never measures; a solve's budget measures
+    counts up to 16 at a 600 s window and only the one-adapter box at 3,600 s."""
+    from optim.count_bound import solve_count_max
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    args = (PROFILE, 8, 3, LOADS, default_lengths(), 123.0, (0, 1), 0.9, SLO)
+    assert count_limit(*args, workers=1, measure=False) is None
+    got = count_limit(*args, workers=1)
+    assert got is not None and count_limit(*args, workers=1, measure=False) == got
+    assert solve_count_max(600.0) == 16 and solve_count_max(3600.0) == 1
