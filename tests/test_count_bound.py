@@ -130,6 +130,28 @@ def test_no_sampled_gpu_meets_the_slo_above_its_count_limit(n, seed, over, shape
         assert not m.accepted, f"accepted at Amax {amax}: {total:.0f} tok/s > K({n}) = {k:.0f}"
 
 
+@pytest.mark.parametrize("g,n,seed,shape", [(6, 8, 2, 1.0), (6, 10, 5, 0.6), (8, 10, 4, 1.0)])
+def test_no_larger_gpu_meets_the_slo_above_a_smaller_count_limit(g, n, seed, shape):
+    """The cap rule itself: GPUs of ``n`` > ``g`` adapters (loads in their box, as
+    concentrated as allowed or mixed with the least concentrated corner) offered just above
+    K(g) are rejected at every Amax."""
+    k = _k(g)
+    if k >= sum(LOADS[:g]) * (1 - 1e-9):
+        pytest.skip(f"K({g}) is set by the loads, not the SLO")
+    upper, lower = LOADS[:n], LOADS[len(LOADS) - n:]
+    total = 1.002 * k
+    if box_loads(total, upper, lower) is None:
+        pytest.skip("no GPU of that many adapters carries that load")
+    loads = (shape * np.array(box_loads(total, upper, lower))
+             + (1 - shape) * np.array(_bottom_fill(total, upper, lower)))
+    per = default_lengths().mean_input + default_lengths().mean_output
+    ads = [Adapter(f"a{i}", 8, float(x / per)) for i, x in enumerate(loads)]
+    for amax in range(1, n + 2):
+        m = simulate_server(load_profile(PROFILE), ads, ServerConfig(max_loras=amax, slo=SLO),
+                            DUR, lengths=default_lengths(), seed=seed)
+        assert not m.accepted, f"{n} adapters accepted at Amax {amax} above K({g}) = {k:.0f}"
+
+
 def test_count_limits_fall_with_the_count_where_the_slo_sets_them():
     """The premise behind using K(g) for every count above g: more adapters, with higher
     floors, carry less (the measured limits of 6 and 10 adapters, where the SLO sets them)."""
