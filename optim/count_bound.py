@@ -136,7 +136,8 @@ def _accepted_at(prof: GpuProfile, rank: int, loads: Sequence[float], amaxes: Se
         gpus = [GpuAssignment(prof, Judging(threshold, slo).server_config(int(a), rank), ads)
                 for a in chunk]
         res = simulate_fleet(gpus, duration_s=duration_s, lengths=lengths, workers=1,
-                             pool=pool, check_routing=False, seeds=[seed] * len(chunk))
+                             pool=pool, check_routing=False, seeds=[seed] * len(chunk),
+                             stop_below=1.0)     # a replay certain to starve stops early
         for a, m in zip(chunk, res.per_gpu):
             if m.accepted:
                 return int(a)
