@@ -49,7 +49,7 @@ from twin.server import Judging, ServerConfig, simulate_requests, simulate_serve
 from twin.slo import Slo
 from twin.workload import Adapter, generate_requests
 
-from .disk_cache import update_json
+from .disk_cache import read_json_cached, update_json
 
 SATURATION_DURATION_S = 900.0
 _FIRST_PASS_TPS = 40_000.0      # far above any calibrated GPU (the H100 backbone is ~18-20k)
@@ -180,10 +180,7 @@ def _disk_get(key: str) -> dict | None:
     hash the profile's content, the window, seeds and the twin's fingerprint, so an entry is
     used only where the same measurement would be repeated)."""
     for path in (_cache_path(), SHIPPED_LIMITS):
-        try:
-            hit = json.loads(path.read_text()).get(key)
-        except (OSError, ValueError):
-            continue
+        hit = read_json_cached(path).get(key)
         if hit is not None:
             return hit
     return None

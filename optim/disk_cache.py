@@ -41,6 +41,26 @@ def read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+_snapshots: dict[str, tuple[tuple[int, int, int], dict]] = {}
+
+
+def read_json_cached(path: Path) -> dict:
+    """``read_json``, parsed again only when the file changed (inode, size or modification
+    time): a study looks entries up thousands of times in a file of a megabyte. The dict
+    returned is shared: read it, do not modify it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _snapshots.get(str(path))
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    data = read_json(path)
+    _snapshots[str(path)] = (stamp, data)
+    return data
+
+
 def update_json(path: Path, new: dict) -> None:
     """Add ``new``'s entries to the file, keeping every entry other processes wrote; a
     read-only cache directory is left alone (the values are measured again next time)."""
@@ -56,4 +76,4 @@ def update_json(path: Path, new: dict) -> None:
         pass
 
 
-__all__ = ["locked", "read_json", "update_json"]
+__all__ = ["locked", "read_json", "read_json_cached", "update_json"]

@@ -38,3 +38,19 @@ def test_cache_put_goes_through_the_lock(tmp_path, monkeypatch):
     capacity._disk_put("b", {"x": 2})
     assert capacity._disk_get("a") == {"x": 1} and capacity._disk_get("b") == {"x": 2}
     assert (tmp_path / "carry_limits.json.lock").exists()
+
+
+def test_cached_reads_parse_a_file_again_only_after_it_changed(tmp_path, monkeypatch):
+    """``read_json_cached`` parses once per version of the file: lookups between writes reuse
+    the parsed entries, a write (even by another process: a new file) is seen at once."""
+    import optim.disk_cache as D
+    path = tmp_path / "c.json"
+    assert D.read_json_cached(path) == {}
+    D.update_json(path, {"a": 1})
+    parsed = []
+    real = D.read_json
+    monkeypatch.setattr(D, "read_json", lambda p: parsed.append(p) or real(p))
+    assert D.read_json_cached(path) == {"a": 1}
+    assert D.read_json_cached(path) == {"a": 1} and len(parsed) == 1
+    D.update_json(path, {"b": 2})             # parses once under the lock to merge
+    assert D.read_json_cached(path) == {"a": 1, "b": 2} and len(parsed) == 3
