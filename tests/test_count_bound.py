@@ -109,6 +109,20 @@ def _k(n: int) -> float:
                        tuple(range(BOUND_SEEDS)), 0.9, SLO, workers=1).limit_tps
 
 
+def _assert_rejected_at_every_amax(total, upper, lower, shape, seed, limit):
+    """A GPU whose loads mix the box's most (``shape``) and least concentrated corners with
+    this total is rejected under the SLO at every Amax 1..n + 1."""
+    loads = (shape * np.array(box_loads(total, upper, lower))
+             + (1 - shape) * np.array(_bottom_fill(total, upper, lower)))
+    per = default_lengths().mean_input + default_lengths().mean_output
+    ads = [Adapter(f"a{i}", 8, float(x / per)) for i, x in enumerate(loads)]
+    for amax in range(1, len(ads) + 2):
+        m = simulate_server(load_profile(PROFILE), ads, ServerConfig(max_loras=amax, slo=SLO),
+                            DUR, lengths=default_lengths(), seed=seed)
+        assert not m.accepted, (f"{len(ads)} adapters accepted at Amax {amax}: "
+                                f"{total:.0f} tok/s above {limit}")
+
+
 @pytest.mark.parametrize("n,seed,over,shape", [
     (6, 0, 1.002, 0.2), (6, 3, 1.02, 0.9), (10, 1, 1.002, 0.5), (10, 6, 1.01, 0.0)])
 def test_no_sampled_gpu_meets_the_slo_above_its_count_limit(n, seed, over, shape):
@@ -120,14 +134,7 @@ def test_no_sampled_gpu_meets_the_slo_above_its_count_limit(n, seed, over, shape
     if k >= sum(upper) * (1 - 1e-9):
         pytest.skip(f"K({n}) is set by the loads, not the SLO")
     total = over * k
-    loads = (shape * np.array(box_loads(total, upper, lower))
-             + (1 - shape) * np.array(_bottom_fill(total, upper, lower)))
-    per = default_lengths().mean_input + default_lengths().mean_output
-    ads = [Adapter(f"a{i}", 8, float(x / per)) for i, x in enumerate(loads)]
-    for amax in range(1, n + 2):
-        m = simulate_server(load_profile(PROFILE), ads, ServerConfig(max_loras=amax, slo=SLO),
-                            DUR, lengths=default_lengths(), seed=seed)
-        assert not m.accepted, f"accepted at Amax {amax}: {total:.0f} tok/s > K({n}) = {k:.0f}"
+    _assert_rejected_at_every_amax(total, upper, lower, shape, seed, f"K({n}) = {k:.0f}")
 
 
 @pytest.mark.parametrize("g,n,seed,shape", [(6, 8, 2, 1.0), (6, 10, 5, 0.6), (8, 10, 4, 1.0)])
@@ -142,14 +149,7 @@ def test_no_larger_gpu_meets_the_slo_above_a_smaller_count_limit(g, n, seed, sha
     total = 1.002 * k
     if box_loads(total, upper, lower) is None:
         pytest.skip("no GPU of that many adapters carries that load")
-    loads = (shape * np.array(box_loads(total, upper, lower))
-             + (1 - shape) * np.array(_bottom_fill(total, upper, lower)))
-    per = default_lengths().mean_input + default_lengths().mean_output
-    ads = [Adapter(f"a{i}", 8, float(x / per)) for i, x in enumerate(loads)]
-    for amax in range(1, n + 2):
-        m = simulate_server(load_profile(PROFILE), ads, ServerConfig(max_loras=amax, slo=SLO),
-                            DUR, lengths=default_lengths(), seed=seed)
-        assert not m.accepted, f"{n} adapters accepted at Amax {amax} above K({g}) = {k:.0f}"
+    _assert_rejected_at_every_amax(total, upper, lower, shape, seed, f"K({g}) = {k:.0f}")
 
 
 def test_count_limits_fall_with_the_count_where_the_slo_sets_them():
