@@ -250,8 +250,8 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
     the count-partition bound (every adapter sits on some GPU, and a GPU's SLO limit falls with
     the adapters it holds: ``count_bound.adapter_count_bound``, a knapsack over per-GPU
     adapter counts with the limits of the most concentrated loads; ``full_counts``: its limits
-    measured at every count, as the studies do, else only up to ``count_bound.solve_count_max``
-    and from the cache beyond). When
+    measured at every count, as the studies do, else the cached ones only: a solve measures
+    them in ``raise_bound_to``, where they can certify its placement). When
     two GPUs are left and the fuller must swap, ``two_gpus_excluded`` checks every split of
     adapters and load with up to ``pair_checks`` GPU checks (0, the default: skipped; each check
     of a GPU holding hundreds of adapters replays every Amax, minutes on two cores). A twin-accepted placement with ``best`` GPUs is optimal in the twin
@@ -296,7 +296,7 @@ def twin_lower_bound(inst: Instance, duration_s: float | None = None,
         lb_adapters, _ = adapter_count_bound(
             inst, dur, workers, k_from=max(lb_one, lb_count, lb_pack),
             k_max=inst.total_gpus_available,
-            measure_max=None if full_counts else solve_count_max(dur))
+            measure_max=None if full_counts else 0)       # a solve: cached limits only
     # one GPU for everything: exact check of every Amax, where the caps leave it possible —
     # near the one-adapter cap, or where one GPU would have to swap adapters at every Amax
     # (more adapters than any type starts slots for: the many-adapter limits behind the
