@@ -14,9 +14,10 @@ import experiments.gpu_savings as GS
 
 def _patch(monkeypatch, best: int, raised: int, calls: list):
     monkeypatch.setattr(GS, "twin_lower_bound",
-                        lambda inst, dur, workers, pair: SimpleNamespace(best=best, one_adapter=1))
+                        lambda inst, dur, workers, pair, full_counts=False:
+                        SimpleNamespace(best=best, one_adapter=1))
 
-    def raise_to(inst, lb, count, dur, workers, supply_checks=None):
+    def raise_to(inst, lb, count, dur, workers, supply_checks=None, full_counts=False):
         calls.append((lb, count, dur))
         return raised
     monkeypatch.setattr(GS, "raise_bound_to", raise_to)

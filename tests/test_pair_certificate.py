@@ -55,13 +55,14 @@ def test_the_pair_exclusion_is_skipped_on_many_adapters_and_after_the_splits(mon
 
 def test_sixty_four_adapters_under_a_loose_slo_need_three_gpus():
     """``paper-llama-rmixed-qhigh-n64`` at p99 TTFT 10 s / p99 ITL 200 ms (600 s window): the
-    bound is 2, the split replays do not reach 64 adapters, and the canonical pair exclusion
-    shows that no two GPUs serve it. Sampled two-GPU placements inside the load window (random
+    bound is 2 (3 with the count-partition bound's limits cached), the split replays do not
+    reach 64 adapters, and the exclusions show that no two GPUs serve it. Sampled two-GPU placements inside the load window (random
     halves) are all rejected by the twin at every Amax and rank, either way round."""
     path = REPO / "instances" / "paper" / "paper-llama-rmixed-qhigh-n64.json"
     inst = replace(load_instance(path), slo=Slo(ttft_p99_ms=10_000.0, itl_p99_ms=200.0))
     dur = 600.0
-    assert F.lora_gpu_lower_bound(inst, dur, 2) == 2
+    # 2, or 3 where the count limits of the count-partition bound are cached already
+    assert F.lora_gpu_lower_bound(inst, dur, 2) in (2, 3)
     assert F.two_gpu_splits_excluded(inst, dur, 2) is None
     assert F.raise_bound_to(inst, 2, 3, dur, 2) == 3
     cap = max(F.one_adapter_caps(inst, dur, 2).values())
