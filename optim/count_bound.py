@@ -149,8 +149,10 @@ def _seed_limit(prof: GpuProfile, rank: int, upper: Sequence[float], lower: Sequ
                 slo: Slo | None, pool) -> float:
     """Largest load up to ``hi`` at which the concentrated vector is accepted with ``seed``:
     ``hi`` itself, else bracketed downwards by ``SLO_BRACKET_STEP``, bisected to
-    ``COUNT_BOUND_RTOL`` and checked 1 % above (as the carry limits); ``hi`` when no accepted
-    load is found (no information). The Amax that last accepted is tried first."""
+    ``COUNT_BOUND_RTOL`` and checked 1 % above (as the carry limits). Where every load tried
+    down to the box's floor is rejected, the lowest of them: by the second premise (raising
+    a load never costs less) no larger one is accepted. The Amax that last accepted is tried
+    first."""
     n = len(upper)
     top = min(n + 1, max_startable_amax(prof, rank))
     order = list(range(1, top + 1))
@@ -175,7 +177,7 @@ def _seed_limit(prof: GpuProfile, rank: int, upper: Sequence[float], lower: Sequ
     while lo == 0.0:
         probe /= SLO_BRACKET_STEP
         if probe < sum(lower):
-            return hi                           # nothing accepted found: no information
+            return hi                           # nothing accepted: the lowest rejected load
         if ok(probe):
             lo = probe
         else:
