@@ -560,6 +560,14 @@ def max_startable_amax(profile: GpuProfile | str, rank: int) -> int:
     return _profile(profile).max_startable_amax(rank)
 
 
+def smallest_startable_rank(profile: GpuProfile | str, rank: int) -> int | None:
+    """The smallest rank >= ``rank`` the profile supports and starts at Amax 1 or more (None:
+    none does): the least-work ``max_lora_rank`` of a GPU holding adapters of rank ``rank``."""
+    prof = _profile(profile)
+    ok = sorted(x for x in prof.supported_ranks if x >= rank and max_startable_amax(prof, x) >= 1)
+    return ok[0] if ok else None
+
+
 def adapter_kv_cost(profile: GpuProfile | str, rank: int) -> float:
     """KV tokens one adapter slot of ``rank`` displaces: max over measured Amax of
     (backbone KV - KV(Amax, rank)) / Amax (the conservative per-slot size dLoRA budgets)."""

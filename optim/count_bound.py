@@ -51,7 +51,8 @@ from twin.workload import Adapter
 
 from .capacity import (BOUND_SEEDS, COUNT_SEEDS, SLO_BRACKET_STEP, SPREAD_SIGMAS, Judging,
                        _cache as _limit_cache, _disk_get, _disk_put, _measurement_pool,
-                       _profile, carry_limit, max_startable_amax, slo_key, twin_fingerprint)
+                       _profile, carry_limit, max_startable_amax, slo_key,
+                       smallest_startable_rank, twin_fingerprint)
 
 COUNT_BOUND_GRID = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 80, 96,
                     128)
@@ -100,12 +101,6 @@ def box_loads(total: float, upper: Sequence[float], lower: Sequence[float]
         out[i] += x
         rest -= x
     return out
-
-
-def concentrated_loads(n: int, total: float, l: float, l_min: float) -> list[float] | None:
-    """``box_loads`` of ``n`` loads in [``l_min``, ``l``]: as many at ``l`` as fit, one with
-    the rest, the others at ``l_min``; None when no such vector exists."""
-    return box_loads(total, [l] * n, [l_min] * n) if n >= 1 else None
 
 
 def _key(prof: GpuProfile, rank: int, upper: Sequence[float], lower: Sequence[float],
@@ -283,11 +278,26 @@ def partition_bound(load: float, cap: np.ndarray, k_from: int = 1, k_max: int | 
         f, k = g, k + 1
 
 
-def _bound_rank(inst, prof: GpuProfile) -> int | None:
-    """The smallest startable rank >= the instance's smallest adapter rank (None: none)."""
-    r = min(a.rank for a in inst.adapters)
-    ranks = sorted(x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1)
-    return ranks[0] if ranks else None
+def _limit_source(inst, duration_s: float, workers: int | None, measure_max: int | None
+                  ) -> tuple[list[float], Callable[[int], float | None]] | None:
+    """(the instance's loads, descending; ``K`` of a count: measured, or from the cache only
+    above ``measure_max``, None when not cached) under its SLO at its smallest startable rank;
+    None without an SLO, with several GPU types or no startable rank."""
+    if inst.slo is None or len(inst.gpu_types) != 1:
+        return None
+    prof = inst.gpu_types[0].load_profile()
+    rank = smallest_startable_rank(prof, min(a.rank for a in inst.adapters))
+    if rank is None:
+        return None
+    loads = sorted((inst.load_tps(a) for a in inst.adapters), reverse=True)
+    seeds = tuple(inst.seed + g for g in range(BOUND_SEEDS))
+
+    def limit_of(g: int) -> float | None:
+        got = count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
+                          inst.starvation_threshold, inst.slo, workers,
+                          measure=measure_max is None or g <= measure_max)
+        return None if got is None else got.limit_tps
+    return loads, limit_of
 
 
 def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_from: int = 1,
@@ -301,27 +311,21 @@ def adapter_count_bound(inst, duration_s: float, workers: int | None = None, k_f
     partial grid gives a weaker bound, never an unsound one. Counts above ``measure_max``
     (default: none) are taken from the cache only. One GPU type only (``k_from`` and no points
     otherwise)."""
-    if inst.slo is None or len(inst.gpu_types) != 1:
+    src = _limit_source(inst, duration_s, workers, measure_max)
+    if src is None:
         return k_from, []
-    prof = inst.gpu_types[0].load_profile()
-    rank = _bound_rank(inst, prof)
-    if rank is None:
-        return k_from, []
-    loads = sorted((inst.load_tps(a) for a in inst.adapters), reverse=True)
+    loads, limit_of = src
     n_total = len(loads)
     k_max = n_total if k_max is None else min(int(k_max), n_total)
     top = max_count if max_count is not None else 2 * math.ceil(n_total / max(1, k_from))
     grid = [g for g in COUNT_BOUND_GRID if g <= min(n_total, top)]
-    seeds = tuple(inst.seed + g for g in range(BOUND_SEEDS))
     points: dict[int, float] = {}
     k = k_from
     for g in grid:
-        got = count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
-                          inst.starvation_threshold, inst.slo, workers,
-                          measure=measure_max is None or g <= measure_max)
+        got = limit_of(g)
         if got is None:
             continue
-        points[g] = got.limit_tps
+        points[g] = got
         cap = caps_by_count(loads, points.__getitem__, grid=sorted(points))
         k = partition_bound(inst.total_load_tps, cap, k_from, k_max)
         if k > k_max:
@@ -336,23 +340,16 @@ def count_caps(inst, duration_s: float, workers: int | None = None,
     up to ``max_count`` (default: all adapters): ``cap[n]`` bounds the load of any accepted
     GPU holding ``n`` of its adapters; counts above ``measure_max`` (default: none) from the
     cache only. None without an SLO or with several GPU types."""
-    if inst.slo is None or len(inst.gpu_types) != 1:
+    src = _limit_source(inst, duration_s, workers, measure_max)
+    if src is None:
         return None
-    prof = inst.gpu_types[0].load_profile()
-    rank = _bound_rank(inst, prof)
-    if rank is None:
-        return None
-    loads = sorted((inst.load_tps(a) for a in inst.adapters), reverse=True)
+    loads, limit_of = src
     top = len(loads) if max_count is None else min(len(loads), int(max_count))
-    seeds = tuple(inst.seed + g for g in range(BOUND_SEEDS))
-    got = {g: count_limit(prof, rank, g, loads, inst.lengths, duration_s, seeds,
-                          inst.starvation_threshold, inst.slo, workers,
-                          measure=measure_max is None or g <= measure_max)
-           for g in grid if g <= top}
-    points = {g: v.limit_tps for g, v in got.items() if v is not None}
+    got = {g: limit_of(g) for g in grid if g <= top}
+    points = {g: v for g, v in got.items() if v is not None}
     return caps_by_count(loads, points.__getitem__, grid=sorted(points))
 
 
-__all__ = ["COUNT_BOUND_GRID", "CountLimit", "box_loads", "concentrated_loads", "count_limit",
+__all__ = ["COUNT_BOUND_GRID", "CountLimit", "box_loads", "count_limit",
            "caps_by_count", "partition_bound", "adapter_count_bound", "count_caps",
            "solve_count_max"]

@@ -27,7 +27,8 @@ import numpy as np
 
 from twin.workload import Adapter
 
-from .capacity import BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax
+from .capacity import (BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax,
+                       smallest_startable_rank)
 from .count_bound import adapter_count_bound, count_caps, solve_count_max
 from .feasibility_report import FeasibilityReport, Reason
 from .instance import Instance
@@ -151,10 +152,8 @@ def _smallest_rank(inst: Instance) -> int:
 def _type_rank(inst: Instance, t, rank: int | None = None) -> int | None:
     """Smallest startable rank >= ``rank`` (default: the instance's smallest adapter rank) on GPU
     type ``t``."""
-    prof = t.load_profile()
-    r = _smallest_rank(inst) if rank is None else rank
-    ranks = sorted(x for x in prof.supported_ranks if x >= r and max_startable_amax(prof, x) >= 1)
-    return ranks[0] if ranks else None
+    return smallest_startable_rank(t.load_profile(),
+                                   _smallest_rank(inst) if rank is None else rank)
 
 
 def count_cap(limit_of, one: float, max_adapter_tps: float, grid: tuple[int, ...] = COUNT_GRID,
@@ -589,15 +588,17 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float, workers: int | No
         return None                # too many to enumerate (one adapter: no split)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     from .capacity import _disk_get, _disk_put
-    # under an SLO (else None): the count caps at every count, few adapters being enumerated
-    caps_n = count_caps(inst, duration_s, workers, grid=range(1, len(inst.adapters) + 1),
-                        measure_max=None if full_counts else solve_count_max(duration_s))
+    by_count = inst.slo is not None and len(inst.gpu_types) == 1    # count caps apply
     key = _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
                    what=f"two_gpu_splits_excluded/{SPLIT_MAX_ADAPTERS}/c{SPLIT_MAX_CHECKS}"
-                   + ("" if caps_n is None else "/by-count"))
+                   + ("/by-count" if by_count else ""))
     hit = _disk_get(key)
     if hit is not None:
         return None if hit["excluded"] is None else bool(hit["excluded"])
+    # the count caps at every count (few adapters are enumerated); None without them
+    caps_n = (count_caps(inst, duration_s, workers, grid=range(1, len(inst.adapters) + 1),
+                         measure_max=None if full_counts else solve_count_max(duration_s))
+              if by_count else None)
     splits = two_gpu_splits(inst, max(one_adapter_caps(inst, duration_s, workers).values(),
                                       default=0.0), caps_n)
     checks = None if splits is None else split_checks(inst, splits)
@@ -961,10 +962,9 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
         return lb
     if lb == 1:
         return target if one_gpu_excluded(inst, duration_s, workers) else lb
-    if (inst.slo is not None and len(inst.gpu_types) == 1
-            and adapter_count_bound(
-                inst, duration_s, workers, lb, lb, max_count=len(inst.adapters),
-                measure_max=None if full_counts else solve_count_max(duration_s))[0] > lb):
+    if adapter_count_bound(inst, duration_s, workers, lb, lb, max_count=len(inst.adapters),
+                           measure_max=None if full_counts else solve_count_max(duration_s)
+                           )[0] > lb:          # under an SLO, one GPU type: else lb
         return target
     if fullest_gpu_excluded(inst, lb, duration_s, workers):
         return target

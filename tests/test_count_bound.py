@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from optim.capacity import BOUND_SEEDS
-from optim.count_bound import (box_loads, caps_by_count, concentrated_loads, count_limit,
-                               partition_bound)
+from optim.count_bound import box_loads, caps_by_count, count_limit, partition_bound
 from twin.profile import load_profile
 from twin.server import ServerConfig, simulate_server
 from twin.sharegpt import default_lengths
@@ -24,18 +23,18 @@ PROFILE = "llama-3.1-8b-instruct"
 @given(n=st.integers(1, 12), l=st.floats(1.0, 500.0), frac=st.floats(0.0, 1.0),
        lmin_share=st.floats(0.0, 1.0))
 @settings(max_examples=200, deadline=None, derandomize=True)
-def test_concentrated_loads_majorise_every_vector_of_the_same_count(n, l, frac, lmin_share):
-    """The vector sums to the total, stays in [l_min, l], and its partial sums (largest first)
-    are at least those of any other such vector: here the equal one."""
+def test_a_constant_box_majorises_the_equal_split(n, l, frac, lmin_share):
+    """With every entry in [l_min, l] the box vector sums to the total, stays in the range,
+    and its partial sums (largest first) are at least those of the equal split."""
     l_min = lmin_share * l
     total = n * l_min + frac * n * (l - l_min)
-    v = concentrated_loads(n, total, l, l_min)
+    v = box_loads(total, [l] * n, [l_min] * n)
     assert v is not None and len(v) == n
     assert abs(sum(v) - total) <= 1e-6 * max(1.0, total)
     assert all(l_min - 1e-9 <= x <= l + 1e-9 for x in v)
     eq = np.cumsum([total / n] * n)
     assert np.all(np.cumsum(sorted(v, reverse=True)) >= eq - 1e-6 * max(1.0, total))
-    assert concentrated_loads(n, n * l * 1.01 + 1, l, l_min) is None
+    assert box_loads(n * l * 1.01 + 1, [l] * n, [l_min] * n) is None
 
 
 def _bottom_fill(total, upper, lower):

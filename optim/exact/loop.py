@@ -867,6 +867,7 @@ def integer_amax_rescue(inst: Instance, placement: Placement, duration_s: float 
         out = twin_verify(out, inst, duration_s=duration_s, workers=workers)
     return out, len(amaxes)
 
+
 def _threads() -> int:
     from .common import default_threads
     return default_threads()
