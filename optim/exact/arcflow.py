@@ -93,11 +93,17 @@ def applicable(P: PackingProblem) -> str | None:
     return None
 
 
+def common_divisor(P: PackingProblem) -> int:
+    """The greatest common divisor of every positive load and capacity of ``P`` (1 when none):
+    the unit the graph's loads and capacities are counted in."""
+    caps = [c.cap for t in P.types for c in t.configs]
+    return reduce(math.gcd, [w for w in P.loads if w > 0] + [c for c in caps if c > 0], 0) or 1
+
+
 def build_graph(P: PackingProblem, max_nodes: int = MAX_NODES,
                 max_arcs: int = MAX_ARCS) -> ArcFlowGraph | None:
     """The arc-flow graph of ``P`` (``None`` when it exceeds the size limits)."""
-    caps = [c.cap for t in P.types for c in t.configs]
-    d = reduce(math.gcd, [w for w in P.loads if w > 0] + [c for c in caps if c > 0], 0) or 1
+    d = common_divisor(P)
     by_class: dict[tuple[int, int], list[int]] = {}
     for i in range(P.n):
         by_class.setdefault((P.loads[i] // d, P.ranks[i]), []).append(i)

@@ -34,6 +34,9 @@ from numba import njit
 CHUNK_MAX = 10_000          # search steps per compiled call (about 0.1 s here; the deadline and
                             # Ctrl-C are seen between calls). A fixed schedule, not a timed one:
                             # the calls' boundaries shape the search, so the clock must not
+CHUNK_CAP_REF = 10_000      # a step's subset-sum tables grow with the capacity: above this one
+                            # the calls shrink in proportion (capacity 100,000: 1,000 steps, about
+                            # 0.5 s; a full call there took 5 s, past a 6 s deadline's share)
 TENURE = (3, 12)            # tabu tenure range, in iterations
 REFILL_EVERY = 20           # iterations between two refill passes over every bin
 
@@ -349,12 +352,13 @@ def pack_into(weights: Sequence[int], capacity: int, target: int, deadline: floa
     rng = np.array([(seed * 2654435761 + 12345) % (1 << 32) or 1], np.int64)
     best_s = np.array([int(w[rest].sum())], np.int64)
     it, chunk = 0, 100
+    chunk_max = max(chunk, CHUNK_MAX * CHUNK_CAP_REF // max(int(capacity), CHUNK_CAP_REF))
     while time.perf_counter() < deadline and (max_iters is None or it < max_iters):
         if max_iters is not None:
             chunk = max(1, min(chunk, int(max_iters) - it))
         it, found = tabu_run(w, capacity, K, bin_items, bin_cnt, load, s_items, s_cnt,
                              tabu_until, it, chunk, rng, best_s)
-        chunk = min(chunk * 4, CHUNK_MAX)
+        chunk = min(chunk * 4, chunk_max)
         if found:
             split = two_bin_split(list(w), [int(i) for i in s_items[:s_cnt[0]]], capacity)
             if split is None:               # cannot happen: the compiled check said it splits

@@ -13,7 +13,10 @@ limit covers bounds, starts, model building, search and replays):
    caller hands in (``given``). A twin-accepted heuristic placement is the *incumbent*;
 4. solves (``_model_solve``: arc-flow with its LP bound and dive where GPUs are limited by load
    alone, else the assignment model over the pool cut to what can beat the best start); at the
-   deadline the best start is returned with the bound;
+   deadline the best start is returned with the bound. Classical bin packing (one bin kind,
+   ``classical_kind``) first gets a tabu search into the bound, column generation's exact bound
+   and a packing search into it — with or without the arc-flow graph, so a capacity too fine
+   for the graph (Scholl's hard set, 100,000) is decided the same way;
 5. with ``verify``, replays the placement in the fleet twin (window ``duration_s``); for every
    GPU that starves or fails memory it first searches every integer Amax
    (``integer_amax_rescue``: the capacity model knows only its Amax grid, the twin can accept
@@ -52,7 +55,7 @@ import math
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from twin.cli_support import Interrupted, run_interruptible
@@ -304,21 +307,38 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
     if reason is None and G is None:
         reason = "arc-flow graph above its size limit"
     info["model"] = "arcflow" if G is not None else "assignment"
+    kind = classical_kind(P)
+    if kind is not None and G is None:
+        # classical bin packing with capacities too fine for the graph (e.g. Scholl's hard set,
+        # capacity 100,000): the bound and searches need no graph
+        t0 = time.perf_counter()
+        best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
+        if _meets(P, best, P.gpu_lower_bound):
+            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0, "bounds",
+                                   "tabu search")
+        t0 = time.perf_counter()
+        P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info, search=False)
+        best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_SHARE, info)
+        if _meets(P, best, P.gpu_lower_bound):
+            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
+                                   "column generation", "tabu search")
+        P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info)
+        if _meets(P, best, P.gpu_lower_bound):
+            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
+                                   "column generation", "branch-and-price")
     if G is not None:
         info["n_arcs"] = G.n_arcs
         # one bin kind (classical bin packing): a packing into the proven bound ends the search
         t0 = time.perf_counter()
-        best = _tabu_start(P, G, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
+        best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
         if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0, "bounds",
+            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0, "bounds",
                                    "tabu search")
         # one bin kind: column generation's exact bound and a dive for a packing into it
         t0 = time.perf_counter()
-        cg_lb, best = _colgen_start(P, G, best, deadline, COLGEN_SHARE, info)
-        if cg_lb > P.gpu_lower_bound:
-            P = replace(P, gpu_lower_bound=cg_lb)
+        P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info)
         if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, G, best[1], P.gpu_lower_bound, t0,
+            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
                                    "column generation", "column-generation dive")
         # CP-SAT seldom finds an exactly-full packing by itself (triplets); HiGHS' MIP does,
         # so the dive gets most of the time before cpsat and half of it before milp
@@ -341,9 +361,9 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
                 info["start"] = "lp-dive"
         if lb > P.gpu_lower_bound:      # the LP raised the bound: search a packing into it
             t0 = time.perf_counter()
-            best = _tabu_start(P, G, lb, best, deadline, TABU_SHARE, info)
+            best = _tabu_start(P, kind, lb, best, deadline, TABU_SHARE, info)
             if _meets(P, best, lb):
-                return _packing_result(solver, G, best[1], lb, t0, "the arc-flow LP",
+                return _packing_result(solver, kind, best[1], lb, t0, "the arc-flow LP",
                                        "tabu search")
         if best is not None:
             hint = arcflow.hint_flows(G, P, best[1])
@@ -368,59 +388,89 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
         return SolveResult(solver, "unknown", None, None, 0.0, (), False,
                            {"termination": "model too large for the time left"})
     fn = solve_milp if solver == "milp" else solve_cpsat
-    return fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
-              warm_start=best[1] if best and split_hint is None else None,
-              split_hint=split_hint)
+    r = fn(Pm, time_limit_s=max(0.1, deadline - time.perf_counter()), threads=threads,
+           warm_start=best[1] if best and split_hint is None else None,
+           split_hint=split_hint)
+    if kind is not None and P.gpu_lower_bound and (r.bound is None
+                                                   or r.bound < P.gpu_lower_bound):
+        r = replace(r, bound=float(P.gpu_lower_bound))   # column generation's proven bound
+    return r
 
 
-def _one_bin_kind(P: PackingProblem, G):
-    """The graph's only bin kind when ``P`` is classical bin packing (gpus objective, one kind
-    that accepts every adapter), else None."""
-    if P.objective != "gpus" or len(G.kinds) != 1:
+@dataclass(frozen=True)
+class BinKind:
+    """Classical bin packing's only bin: GPU type and configuration (indices into
+    ``PackingProblem.types``), capacity in units of ``divisor`` (``arcflow.common_divisor``)."""
+
+    type_index: int
+    config_index: int
+    cap: int
+    divisor: int
+
+    def weights(self, P: PackingProblem) -> list[int]:
+        """The adapters' loads in the kind's units."""
+        return [w // self.divisor for w in P.loads]
+
+
+def classical_kind(P: PackingProblem) -> BinKind | None:
+    """The only bin kind when ``P`` is classical bin packing — gpus objective, GPUs limited by
+    load alone (``arcflow.applicable``), one (type with GPUs, configuration) pair and it takes
+    every adapter's rank — else None. Needs no arc-flow graph, so capacities too fine for one
+    (Scholl's hard set: 100,000) still get column generation's bound and the searches."""
+    from . import arcflow
+    if P.objective != "gpus" or arcflow.applicable(P) is not None:
         return None
-    kind = G.kinds[0]
-    cfg = P.types[kind.type_index].configs[kind.config_index]
-    return None if any(r > cfg.rank for r in P.ranks) else kind
+    pairs = [(ti, pi, c) for ti, t in enumerate(P.types) if t.count > 0
+             for pi, c in enumerate(t.configs)]
+    if len(pairs) != 1:
+        return None
+    ti, pi, cfg = pairs[0]
+    if any(r > cfg.rank for r in P.ranks):
+        return None
+    d = arcflow.common_divisor(P)
+    return BinKind(ti, pi, min(cfg.cap, P.total_load) // d, d)
 
 
-def _colgen_start(P: PackingProblem, G, best, deadline: float, share: float,
-                  info: dict[str, Any]) -> tuple[int, Any]:
-    """(bound, best) for classical bin packing (``_one_bin_kind``): column generation's exact
-    Farley bound (``colgen``) and, when ``best`` is above it, a limited-discrepancy dive for a
-    packing into it, within ``share`` of the time left (recorded in ``info``). Elsewhere
-    (0, ``best``)."""
+def _colgen_start(P: PackingProblem, kind: BinKind | None, best, deadline: float, share: float,
+                  info: dict[str, Any], search: bool = True) -> tuple[PackingProblem, Any]:
+    """(``P`` with its bound raised, best) for classical bin packing (``kind``): column
+    generation's exact Farley bound (``colgen``) and, with ``search`` and while ``best`` is
+    above it, branch-and-price for a packing into it, within ``share`` of the time left
+    (recorded in ``info``). Elsewhere (``P``, ``best``)."""
     from .colgen import colgen_dive
-    kind = _one_bin_kind(P, G)
     if kind is None:
-        return 0, best
+        return P, best
     t0 = time.perf_counter()
-    weights = [w // G.divisor for w in P.loads]
-    r = colgen_dive(weights, kind.cap, t0 + share * max(0.0, deadline - t0),
-                    known_bound=P.gpu_lower_bound,
-                    incumbent=None if best is None else int(solution_value(P, best[1])))
+    incumbent = None if best is None else int(solution_value(P, best[1]))
+    r = colgen_dive(kind.weights(P), kind.cap, t0 + share * max(0.0, deadline - t0),
+                    known_bound=P.gpu_lower_bound, incumbent=incumbent if search else 0)
     lb = r.lower_bound or 0
-    info["colgen"] = {"bound": lb, "lp": None if r.lp_value is None else round(r.lp_value, 6),
-                      "found": r.bins is not None, "nodes": r.nodes, "columns": r.columns,
-                      "wall_s": round(r.wall_s, 3)}
+    if r.lp_value is not None:
+        info.setdefault("lp_bound", r.lp_value)
+    info.setdefault("colgen", []).append(
+        {"bound": lb, "lp": None if r.lp_value is None else round(r.lp_value, 6),
+         "found": r.bins is not None, "nodes": r.nodes, "columns": r.columns,
+         "wall_s": round(r.wall_s, 3)})
+    if lb > P.gpu_lower_bound:
+        P = replace(P, gpu_lower_bound=lb)
     if r.bins is None:
-        return lb, best
+        return P, best
     info["start"] = "colgen-dive"
-    return lb, ("colgen-dive", [(kind.type_index, sorted(b)) for b in r.bins if b])
+    return P, ("colgen-dive", [(kind.type_index, sorted(b)) for b in r.bins if b])
 
 
-def _tabu_start(P: PackingProblem, G, target: int, best, deadline: float, share: float,
-                info: dict[str, Any]):
-    """``best`` or, when the problem is one bin kind that accepts every adapter (classical bin
-    packing) and ``best`` uses more than ``target`` GPUs, a packing into ``target`` bins found
-    by ``bpp_search.pack_into`` within ``share`` of the time left (recorded in ``info``)."""
+def _tabu_start(P: PackingProblem, kind: BinKind | None, target: int, best, deadline: float,
+                share: float, info: dict[str, Any]):
+    """``best`` or, for classical bin packing (``kind``) when ``best`` uses more than
+    ``target`` GPUs, a packing into ``target`` bins found by ``bpp_search.pack_into`` within
+    ``share`` of the time left (recorded in ``info``)."""
     from .bpp_search import pack_into
-    kind = _one_bin_kind(P, G)
     if (kind is None or target < 1
             or (best is not None and solution_value(P, best[1]) <= target)):
         return best
     t0 = time.perf_counter()
     until = t0 + share * max(0.0, deadline - t0)
-    bins = pack_into([w // G.divisor for w in P.loads], kind.cap, target, until, seed=0)
+    bins = pack_into(kind.weights(P), kind.cap, target, until, seed=0)
     info.setdefault("tabu", []).append({"target": target, "found": bins is not None,
                                         "wall_s": round(time.perf_counter() - t0, 3)})
     if bins is None:
@@ -434,12 +484,11 @@ def _meets(P: PackingProblem, best, bound: int) -> bool:
     return P.objective == "gpus" and best is not None and solution_value(P, best[1]) <= bound
 
 
-def _packing_result(solver: str, G, sol, bound: int, t0: float, source: str, found_by: str
-                    ) -> SolveResult:
+def _packing_result(solver: str, kind: BinKind, sol, bound: int, t0: float, source: str,
+                    found_by: str) -> SolveResult:
     """An optimal ``SolveResult`` for a one-kind packing ``sol`` that meets a proven bound
     (nothing is left for the model to find); ``source`` names the bound, ``found_by`` the
     search."""
-    kind = G.kinds[0]
     gpus = tuple((kind.type_index, kind.config_index, tuple(sorted(items)))
                  for _, items in sol if items)
     return SolveResult(solver, "optimal", float(len(gpus)), float(bound),
