@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from numba import njit
@@ -221,12 +221,14 @@ def _ffd_types(tw: np.ndarray, demand: np.ndarray, cap: int) -> list[np.ndarray]
 
 
 def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
-                known_bound: int = 0, incumbent: int | None = None) -> DiveResult:
+                known_bound: int = 0, incumbent: int | None = None,
+                at_root: Callable[[int], list[list[int]] | None] | None = None) -> DiveResult:
     """The root bound of ``weights`` in bins of ``capacity`` and, while ``incumbent`` (bins of
     a packing already known) is above the target ``max(root bound, known_bound)``, the target
     decided by branch-and-price (module docstring) until ``deadline`` (``time.perf_counter``):
     a packing into it ends the search; a proof that none exists raises the bound to the target
-    plus one, which is decided next."""
+    plus one, which is decided next. ``at_root(target)``: a cheaper search for a packing into
+    the first target, run once before branch-and-price (its bins end the search)."""
     t0 = time.perf_counter()
     if not weights:
         return DiveResult(0, 0.0, [], 0, 0, 0.0)
@@ -237,6 +239,10 @@ def colgen_dive(weights: Sequence[int], capacity: int, deadline: float,
     tgt = max(lb, known_bound)
     bins = None
     nodes = columns = 0
+    if at_root is not None and (incumbent is None or incumbent > tgt):
+        got = at_root(tgt)
+        if got is not None and len([b for b in got if b]) <= tgt:
+            bins = [list(b) for b in got if b]
     while bins is None and (incumbent is None or incumbent > tgt) and not s.timed_out():
         r = branch_and_price(s.tw, s.demand, s.cap, tgt, deadline, s.master.patterns)
         nodes += r.nodes

@@ -80,6 +80,7 @@ BUILD_PAIRS_PER_S = {"milp": 2_500, "cpsat": 4_000}
 DIVE_SHARE = {"milp": 0.5, "cpsat": 0.8}   # of the time left, for the arc-flow LP dive
 TABU_SHARE = 0.25       # of the time left, for each packing search into a proven bound
 TABU_FIRST_SHARE = 0.1  # ... the first one, before column generation (which packs what it misses)
+TABU_ROOT_SHARE = 0.1   # ... the one into column generation's root bound, before branch-and-price
 COLGEN_SHARE = 0.7      # of the time left, for the column-generation bound and dive
 CUT_MODES = ("capacity", "exact", "superset")
 
@@ -308,38 +309,14 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
         reason = "arc-flow graph above its size limit"
     info["model"] = "arcflow" if G is not None else "assignment"
     kind = classical_kind(P)
-    if kind is not None and G is None:
-        # classical bin packing with capacities too fine for the graph (e.g. Scholl's hard set,
-        # capacity 100,000): the bound and searches need no graph
-        t0 = time.perf_counter()
-        best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
-        if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0, "bounds",
-                                   "tabu search")
-        t0 = time.perf_counter()
-        P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info, search=False)
-        best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_SHARE, info)
-        if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
-                                   "column generation", "tabu search")
-        P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info)
-        if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
-                                   "column generation", "branch-and-price")
+    if kind is not None:
+        # classical bin packing (with or without the graph: capacities too fine for one, e.g.
+        # Scholl's hard set at 100,000, take the same path)
+        P, best, done = _classical_search(P, kind, best, deadline, solver, info)
+        if done is not None:
+            return done
     if G is not None:
         info["n_arcs"] = G.n_arcs
-        # one bin kind (classical bin packing): a packing into the proven bound ends the search
-        t0 = time.perf_counter()
-        best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
-        if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0, "bounds",
-                                   "tabu search")
-        # one bin kind: column generation's exact bound and a dive for a packing into it
-        t0 = time.perf_counter()
-        P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info)
-        if _meets(P, best, P.gpu_lower_bound):
-            return _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
-                                   "column generation", "column-generation dive")
         # CP-SAT seldom finds an exactly-full packing by itself (triplets); HiGHS' MIP does,
         # so the dive gets most of the time before cpsat and half of it before milp
         share = DIVE_SHARE[solver]
@@ -431,19 +408,58 @@ def classical_kind(P: PackingProblem) -> BinKind | None:
     return BinKind(ti, pi, min(cfg.cap, P.total_load) // d, d)
 
 
+def _classical_search(P: PackingProblem, kind: BinKind, best, deadline: float, solver: str,
+                      info: dict[str, Any]) -> tuple[PackingProblem, Any, SolveResult | None]:
+    """Classical bin packing's searches before any model, each ending the solve when it packs
+    into the proven bound: a tabu search into the bound (``TABU_FIRST_SHARE`` of the time
+    left), column generation's exact bound at the root, a tabu search into it
+    (``TABU_ROOT_SHARE``: where the LP bound is the optimum, as on Scholl's hard set and
+    Schwerin's, it packs in a second or two), then branch-and-price (``COLGEN_SHARE``), which
+    also proves a bound infeasible and raises it. Returns (``P`` with the raised bound, the best
+    start, the optimal result or None)."""
+    t0 = time.perf_counter()
+    best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
+    if _meets(P, best, P.gpu_lower_bound):
+        return P, best, _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0, "bounds",
+                                        "tabu search")
+    t0 = time.perf_counter()
+    packed = {}
+
+    tried = P.gpu_lower_bound                   # the first search's target
+
+    def at_root(target: int) -> list[list[int]] | None:
+        if target <= tried:                     # searched already
+            return None
+        got = _tabu_start(P, kind, target, best, deadline, TABU_ROOT_SHARE, info)
+        if got is None or not _meets(P, got, target):
+            return None
+        packed["best"] = got
+        return [list(items) for _, items in got[1]]
+
+    P, best = _colgen_start(P, kind, best, deadline, COLGEN_SHARE, info, at_root=at_root)
+    if "best" in packed:
+        return P, packed["best"], _packing_result(solver, kind, packed["best"][1],
+                                                  P.gpu_lower_bound, t0, "column generation",
+                                                  "tabu search")
+    if _meets(P, best, P.gpu_lower_bound):
+        return P, best, _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0,
+                                        "column generation", "branch-and-price")
+    return P, best, None
+
+
 def _colgen_start(P: PackingProblem, kind: BinKind | None, best, deadline: float, share: float,
-                  info: dict[str, Any], search: bool = True) -> tuple[PackingProblem, Any]:
+                  info: dict[str, Any], at_root=None) -> tuple[PackingProblem, Any]:
     """(``P`` with its bound raised, best) for classical bin packing (``kind``): column
-    generation's exact Farley bound (``colgen``) and, with ``search`` and while ``best`` is
-    above it, branch-and-price for a packing into it, within ``share`` of the time left
-    (recorded in ``info``). Elsewhere (``P``, ``best``)."""
+    generation's exact Farley bound (``colgen``) and, while ``best`` is above it, ``at_root``
+    (``colgen_dive``'s) then branch-and-price for a packing into it, within ``share`` of the
+    time left (recorded in ``info``). Elsewhere (``P``, ``best``)."""
     from .colgen import colgen_dive
     if kind is None:
         return P, best
     t0 = time.perf_counter()
     incumbent = None if best is None else int(solution_value(P, best[1]))
     r = colgen_dive(kind.weights(P), kind.cap, t0 + share * max(0.0, deadline - t0),
-                    known_bound=P.gpu_lower_bound, incumbent=incumbent if search else 0)
+                    known_bound=P.gpu_lower_bound, incumbent=incumbent, at_root=at_root)
     lb = r.lower_bound or 0
     if r.lp_value is not None:
         info.setdefault("lp_bound", r.lp_value)
