@@ -1,0 +1,314 @@
+"""Excluding k GPUs by the load classes every GPU draws from: a twin-sound lower-bound step.
+
+**Setting.** The adapters of one rank fall into few *load classes* (every adapter of a class
+offers the same load; the paper instances have 5-10 rate classes of 12-77 adapters each).
+Sort the classes heaviest first: class ``j`` offers ``w_j`` tok/s per adapter and has ``s_j``
+adapters. Up to which adapters of a class it holds, a GPU is its vector ``c`` of class counts,
+and a placement on k GPUs is k vectors with ``sum_i c_i = s``.
+
+**Dominance.** ``c'`` *dominates* ``c`` when every prefix sum of ``c'`` (its adapters in the
+heaviest ``t + 1`` classes, every t) is at least that of ``c``: ``c'`` is ``c`` with adapters
+added or moved to heavier classes. Under the premises the other bound steps rest on
+(``feasibility.canonical_gpu``: adding an adapter or raising an adapter's load never turns a
+failing GPU into an accepted one), a GPU that dominates a failing one fails too. A GPU *fails*
+when ``feasibility.gpu_excluded`` shows it (every Amax, with its spread margin over the
+workload draws, so which adapters of a class it holds and in what order do not matter).
+The same premises (with ``feasibility``'s: concentrating load never makes a GPU starve) give a
+wider rule the checks use before replaying a GPU (``spreads``): a GPU reachable from a failing
+one by adding adapters, raising loads or moving load from a heavier adapter to a lighter one
+fails too.
+
+**Search** (``class_excluded``). A CP-SAT model (``_Master``) asks for k vectors that sum to the
+supply, each within the count-aware cap of its adapter count (``cap(n)``: the load no accepted
+GPU of ``n`` adapters carries more of) and spreading no failing vector found so far:
+
+    sum_i c_ij = s_j  (every class j),      L_i = sum_j w_j c_ij <= cap(n_i),  n_i = sum_j c_ij,
+    for every failing f and GPU i:  n_i < n(f)  or  B_q(c_i) < B_q(f) for some q,
+    L_1 >= L_2 >= ... >= L_k                                            (GPUs are alike),
+
+with ``B_q(x)`` the load of ``x`` without its ``q`` heaviest adapters (``c`` spreads ``f``
+exactly when ``n(c) >= n(f)`` and ``B_q(c) >= B_q(f)`` for every q; both sides are piecewise
+linear in q, so the model compares them at the breakpoints of either), minimising the largest
+load (the balanced split first: when all of its GPUs pass, nothing can be excluded and the
+search stops early). No solution: k GPUs are excluded. Else each proposed GPU, heaviest first,
+is checked; the first that fails is shrunk (its lightest adapters dropped while it still
+fails, by bisection: a smaller failing vector cuts more) and becomes a cut, and the model is
+solved again; a proposed GPU that spreads a known failure fails without a replay. When every
+proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS`` solves are spent)
+nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``), so a larger
+budget resumes where a smaller one stopped.
+
+Instances with one rank only (with several, the dominance would need the ranks' order too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+CLASS_VERSION = 1           # bump when the search changes (results are cached on disk)
+CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
+                            # every check is cached, so a larger one resumes)
+MAX_CLASSES = 24            # load classes beyond this: not applicable
+MASTER_TIME_S = 30.0        # CP-SAT time per master solve (an unfinished solve shows nothing)
+LOAD_UNITS = 1000           # loads in the model: integer milli-tok/s
+SHRINK_STEPS = 4            # bisection steps when shrinking a failing vector
+MAX_ROUNDS = 2000           # master solves (a round whose GPUs a known failure covers costs no
+                            # twin check, only a CP-SAT solve of a few ms)
+
+
+@dataclass(frozen=True)
+class LoadClasses:
+    """Classes of equal load, heaviest first: ``loads[j]`` tok/s per adapter, ``supply[j]``
+    adapters."""
+
+    loads: tuple[float, ...]
+    supply: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return int(sum(self.supply))
+
+    def vector_loads(self, c: Sequence[int]) -> list[float]:
+        """The loads (tok/s) of a GPU of class counts ``c``, heaviest first."""
+        return [w for w, k in zip(self.loads, c) for _ in range(int(k))]
+
+
+def load_classes(loads: Sequence[float], rtol: float = 1e-9) -> LoadClasses:
+    """Group ``loads`` (tok/s) into classes of equal load (relative tolerance ``rtol``)."""
+    vals: list[float] = []
+    counts: list[int] = []
+    for x in sorted((float(v) for v in loads), reverse=True):
+        if vals and abs(vals[-1] - x) <= rtol * max(abs(x), 1.0):
+            counts[-1] += 1
+        else:
+            vals.append(x)
+            counts.append(1)
+    return LoadClasses(tuple(vals), tuple(counts))
+
+
+def dominates(c: Sequence[int], f: Sequence[int]) -> bool:
+    """``c`` dominates ``f``: every prefix sum of ``c`` is at least that of ``f``."""
+    return bool(np.all(np.cumsum(c) >= np.cumsum(f)))
+
+
+def spreads(c: Sequence[float], f: Sequence[float], rtol: float = 1e-9) -> bool:
+    """The load vector ``c`` is reachable from ``f`` by adding adapters, raising loads and
+    moving load from a heavier adapter to a lighter one (spreading it) — none of which turns a
+    failing GPU into an accepted one under the premises — so ``c`` fails where ``f`` does.
+    That is: ``len(c) >= len(f)`` and, with ``f`` padded by idle adapters, every sum of the
+    ``m`` lightest entries of ``c`` is at least that of ``f`` (weak supermajorization)."""
+    if len(c) < len(f):
+        return False
+    a = np.cumsum(np.sort(np.asarray(c, float)))
+    b = np.cumsum(np.sort(np.concatenate([np.zeros(len(c) - len(f)), np.asarray(f, float)])))
+    return bool(np.all(a >= b - rtol * max(float(b[-1]) if len(b) else 0.0, 1.0)))
+
+
+def shrink(c: Sequence[int], fails: Callable[[list[int]], bool], steps: int = SHRINK_STEPS
+           ) -> list[int]:
+    """A vector dominated by the failing ``c`` that still fails: ``c`` without its ``n - m``
+    lightest adapters for the smallest ``m`` a bisection of ``steps`` checks finds failing
+    (failures are monotone in ``m``: more adapters dominate fewer)."""
+    c = [int(x) for x in c]
+    n = sum(c)
+
+    def first(m: int) -> list[int]:
+        out, left = [], m
+        for k in c:
+            out.append(min(k, left))
+            left -= out[-1]
+        return out
+
+    lo, hi = 0, n               # first(lo) not known to fail (empty), first(hi) fails
+    for _ in range(steps):
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        if fails(first(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return first(hi)
+
+
+class _Master:
+    """The CP-SAT model of the module docstring for k GPUs."""
+
+    def __init__(self, cls: LoadClasses, k: int, cap_of: Callable[[int], float],
+                 seed: int = 0) -> None:
+        from ortools.sat.python import cp_model
+        self.cp = cp_model
+        self.m = m = cp_model.CpModel()
+        self.k, self.cls, self.seed = k, cls, seed
+        self._tops: dict[tuple[int, int], object] = {}
+        J = len(cls.loads)
+        w = [int(round(x * LOAD_UNITS)) for x in cls.loads]
+        top = sum(wj * sj for wj, sj in zip(w, cls.supply))
+        self.c = [[m.NewIntVar(0, cls.supply[j], f"c{i}_{j}") for j in range(J)]
+                  for i in range(k)]
+        self.load = [m.NewIntVar(0, top, f"L{i}") for i in range(k)]
+        self.count = [m.NewIntVar(0, cls.n, f"n{i}") for i in range(k)]
+        self.prefix = []
+        for i in range(k):
+            m.Add(self.load[i] == sum(w[j] * self.c[i][j] for j in range(J)))
+            m.Add(self.count[i] == sum(self.c[i]))
+            acc, pre = 0, []
+            for j in range(J):
+                acc = acc + self.c[i][j]
+                p = m.NewIntVar(0, cls.n, f"p{i}_{j}")
+                m.Add(p == acc)
+                pre.append(p)
+            self.prefix.append(pre)
+        for j in range(J):
+            m.Add(sum(self.c[i][j] for i in range(k)) == cls.supply[j])
+        for i in range(k - 1):
+            m.Add(self.load[i] >= self.load[i + 1])
+        self._caps(cap_of)
+        m.Minimize(self.load[0])
+
+    def _caps(self, cap_of: Callable[[int], float]) -> None:
+        """``n_i >= n  =>  L_i <= e(n)`` where ``e(n) = max_{n' >= n} cap(n')`` (the
+        non-increasing envelope of the caps, so the implication holds for every larger count
+        too) drops."""
+        N = self.cls.n
+        caps = np.array([float(cap_of(n)) for n in range(1, N + 1)])
+        env = np.maximum.accumulate(caps[::-1])[::-1]
+        last = np.inf
+        for n in range(1, N + 1):
+            e = env[n - 1]
+            if not e < last:
+                continue
+            last = e
+            ub = int(np.floor(e * LOAD_UNITS))
+            for i in range(self.k):
+                b = self.m.NewBoolVar(f"ge{i}_{n}")
+                self.m.Add(self.count[i] >= n).OnlyEnforceIf(b)
+                self.m.Add(self.count[i] <= n - 1).OnlyEnforceIf(b.Not())
+                self.m.Add(self.load[i] <= ub).OnlyEnforceIf(b)
+
+    def cut(self, f: Sequence[int]) -> None:
+        """No GPU ``spreads`` the failing vector ``f``. With ``B_q(x)`` the load of ``x``
+        without its ``q`` heaviest adapters, ``c`` spreads ``f`` iff ``n(c) >= n(f)`` and
+        ``B_q(c) >= B_q(f)`` for every q (both piecewise linear in q, so at the breakpoints of
+        either: f's prefix counts, a constant q, and c's, where ``B`` is c's load in its lighter
+        classes and ``B_q(f)`` a table lookup); the cut asks one of these to fail."""
+        m, cls = self.m, self.cls
+        J = len(cls.loads)
+        w = [int(round(x * LOAD_UNITS)) for x in cls.loads]
+        fl = [wj for wj, k in zip(w, f) for _ in range(int(k))]
+        nf = len(fl)
+        table = [int(sum(fl[q:])) for q in range(cls.n + 1)]     # B_q(f), 0 from q = n(f)
+        qs = sorted({0} | {int(q) for q in np.cumsum(f)[:-1] if 0 < q < nf})
+        for i in range(self.k):
+            lits = [m.NewBoolVar("")]
+            m.Add(self.count[i] <= nf - 1).OnlyEnforceIf(lits[0])
+            for q in qs:
+                z = m.NewBoolVar("")
+                m.Add(self._without_top(i, q) <= table[q] - 1).OnlyEnforceIf(z)
+                lits.append(z)
+            for t in range(J - 1):
+                e = m.NewIntVar(0, table[0], "")
+                m.AddElement(self.prefix[i][t], table, e)
+                z = m.NewBoolVar("")
+                m.Add(sum(w[j] * self.c[i][j] for j in range(t + 1, J)) <= e - 1
+                      ).OnlyEnforceIf(z)
+                lits.append(z)
+            m.AddBoolOr(lits)
+
+    def _without_top(self, i: int, q: int):
+        """``B_q(c_i)``: GPU i's load without its ``q`` heaviest adapters (a linear expression
+        over ``max(0, min(c_ij, P_j - q))`` per class, built once per (i, q))."""
+        key = (i, q)
+        if key not in self._tops:
+            m, N = self.m, self.cls.n
+            w = [int(round(x * LOAD_UNITS)) for x in self.cls.loads]
+            terms = []
+            for j in range(len(w)):
+                d = m.NewIntVar(-N, N, "")
+                m.Add(d == self.prefix[i][j] - q)
+                lo = m.NewIntVar(-N, N, "")
+                m.AddMinEquality(lo, [self.c[i][j], d])
+                y = m.NewIntVar(0, self.cls.supply[j], "")
+                m.AddMaxEquality(y, [lo, 0])
+                terms.append(w[j] * y)
+            self._tops[key] = sum(terms)
+        return self._tops[key]
+
+    def solve(self, time_s: float = MASTER_TIME_S) -> list[list[int]] | None | bool:
+        """The proposed vectors (heaviest GPU first); None: no k GPUs can hold the supply
+        (proven); False: the solve did not finish."""
+        s = self.cp.CpSolver()
+        s.parameters.max_time_in_seconds = float(time_s)
+        s.parameters.num_workers = 1
+        s.parameters.random_seed = int(self.seed)
+        st = s.Solve(self.m)
+        if st == self.cp.INFEASIBLE:
+            return None
+        if st not in (self.cp.OPTIMAL, self.cp.FEASIBLE):
+            return False
+        return [[int(s.Value(x)) for x in row] for row in self.c]
+
+
+def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float],
+                   fails: Callable[[list[float]], bool], max_checks: int = CLASS_CHECKS,
+                   progress: Callable[[str], None] | None = None) -> bool:
+    """True when no k GPUs can hold adapters of these ``loads`` (tok/s) with every GPU passing
+    (module docstring). ``cap_of(n)``: the most load an accepted GPU of exactly ``n`` adapters
+    carries (``inf`` where unknown); ``fails(loads)``: the twin check of one GPU
+    (``feasibility.gpu_excluded`` on adapters of those loads). At most ``max_checks`` calls of
+    ``fails``; ``progress`` is called after each."""
+    cls = load_classes(loads)
+    if k < 1 or len(cls.loads) > MAX_CLASSES:
+        return False
+    master = _Master(cls, k, cap_of)
+    passed: set[tuple[int, ...]] = set()
+    failed: list[list[int]] = []        # every vector shown failing (the cuts among them)
+    used = 0
+
+    def check(c: list[int]) -> bool:
+        nonlocal used
+        key = tuple(c)
+        if key in passed:
+            return False
+        v = cls.vector_loads(c)
+        if any(dominates(c, f) or spreads(v, cls.vector_loads(f)) for f in failed):
+            failed.append(list(c))
+            return True
+        used += 1
+        out = bool(fails(v))
+        if progress is not None:
+            progress(f"{sum(c)} adapters: {'fails' if out else 'passes'}")
+        if out:
+            failed.append(list(c))
+        else:
+            passed.add(key)
+        return out
+
+    for _ in range(MAX_ROUNDS):
+        if used >= max_checks:
+            return False
+        gpus = master.solve()
+        if gpus is None:
+            return True
+        if gpus is False:
+            return False
+        cut = None
+        for c in gpus:
+            if sum(c) == 0 or tuple(c) in passed:
+                continue
+            if used >= max_checks:
+                return False
+            if check(c):
+                cut = shrink(c, lambda v: used < max_checks and check(v))
+                break
+        if cut is None:
+            return False            # every proposed GPU passes: this split may be accepted
+        master.cut(cut)
+    return False
+
+
+__all__ = ["CLASS_VERSION", "CLASS_CHECKS", "LoadClasses", "load_classes", "dominates",
+           "spreads", "shrink", "class_excluded"]

@@ -1,0 +1,241 @@
+"""The load-class exclusion (``optim.class_exclusion``): classes, dominance, shrinking, and
+soundness against brute force in an oracle world that meets the premises (a GPU fails when the
+sum of the square roots of its loads exceeds a cost: adding an adapter or raising a load never
+helps)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from optim.class_exclusion import class_excluded, dominates, load_classes, shrink
+
+
+def test_load_classes_group_equal_loads_heaviest_first():
+    c = load_classes([1.0, 4.0, 2.0, 4.0, 1.0, 1.0])
+    assert c.loads == (4.0, 2.0, 1.0) and c.supply == (2, 1, 3) and c.n == 6
+    assert c.vector_loads([1, 0, 2]) == [4.0, 1.0, 1.0]
+
+
+def test_dominance_is_adding_or_moving_to_heavier_classes():
+    assert dominates([1, 0, 0], [0, 0, 1])          # moved to a heavier class
+    assert dominates([0, 1, 1], [0, 1, 0])          # one added
+    assert not dominates([0, 0, 2], [1, 0, 0])      # two light ones are not one heavy
+    assert dominates([2, 0], [1, 1]) and not dominates([1, 1], [2, 0])
+
+
+def test_shrink_keeps_a_failing_vector_dominated_by_the_input():
+    loads = (9.0, 4.0, 1.0)
+
+    def fails(c):
+        return sum(math.sqrt(w) * k for w, k in zip(loads, c)) > 5.5
+    c = [1, 2, 3]
+    s = shrink(c, fails, steps=10)
+    assert fails(s) and dominates(c, s) and sum(s) < sum(c)
+    # one adapter fewer (its lightest dropped) no longer fails
+    drop = list(s)
+    j = max(i for i, k in enumerate(drop) if k)
+    drop[j] -= 1
+    assert not fails(drop)
+
+
+def _oracle(cost: float):
+    return lambda loads: float(np.sum(np.sqrt(loads))) > cost
+
+
+def _splits(supply, k):
+    """Every way to give k GPUs class-count vectors summing to ``supply`` (GPUs unordered)."""
+    per_class = []
+    for s in supply:
+        per_class.append([c for c in itertools.product(range(s + 1), repeat=k) if sum(c) == s])
+    for combo in itertools.product(*per_class):
+        yield [[combo[j][i] for j in range(len(supply))] for i in range(k)]
+
+
+def _feasible(loads_by_class, supply, k, fails, cap):
+    for gpus in _splits(supply, k):
+        ok = True
+        for c in gpus:
+            v = [w for w, n in zip(loads_by_class, c) for _ in range(n)]
+            if v and (fails(v) or sum(v) > cap(len(v)) + 1e-9):
+                ok = False
+                break
+        if ok:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_never_excludes_a_feasible_k_and_proves_most_infeasible_ones(seed):
+    rng = np.random.default_rng(seed)
+    J = int(rng.integers(2, 4))
+    loads_by_class = sorted((float(x) for x in rng.choice([1, 2, 4, 8, 16], J, replace=False)),
+                            reverse=True)
+    supply = [int(x) for x in rng.integers(1, 4, J)]
+    loads = [w for w, s in zip(loads_by_class, supply) for _ in range(s)]
+    k = int(rng.integers(2, 4))
+    cost = float(np.sum(np.sqrt(loads))) / k * float(rng.uniform(0.8, 1.3))
+    fails = _oracle(cost)
+    cap_n = float(rng.uniform(0.5, 1.2)) * sum(loads) / k * 1.5
+
+    def cap(n):
+        return cap_n if n >= 3 else math.inf
+
+    feasible = _feasible(loads_by_class, supply, k, fails, cap)
+    got = class_excluded(loads, k, cap, fails, max_checks=200)
+    assert not (got and feasible), "excluded a k the oracle can serve"
+    # with enough checks, an infeasible k is shown: the search is complete in a world where
+    # the check is exact (every proposed GPU that passes is really accepted)
+    assert got == (not feasible)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_spreading_covers_dominance_and_never_lowers_a_schur_concave_cost(seed):
+    """``spreads(c, f)``: c is f with adapters added, loads raised or spread. Prefix dominance of
+    class vectors is a special case, and an increasing Schur-concave cost (the sum of square
+    roots) of c is never below f's."""
+    from optim.class_exclusion import spreads
+    rng = np.random.default_rng(seed)
+    w = sorted((float(x) for x in rng.choice([1, 2, 4, 8, 16, 32], 4, replace=False)),
+               reverse=True)
+    for _ in range(200):
+        f = [int(x) for x in rng.integers(0, 4, 4)]
+        c = [int(x) for x in rng.integers(0, 4, 4)]
+        fv = [x for x, k in zip(w, f) for _ in range(k)]
+        cv = [x for x, k in zip(w, c) for _ in range(k)]
+        if dominates(c, f):
+            assert spreads(cv, fv)
+        if spreads(cv, fv):
+            assert np.sum(np.sqrt(cv)) >= np.sum(np.sqrt(fv)) - 1e-9
+    # spreading one heavy adapter's load over two: covered; the reverse is not
+    assert spreads([4.0, 4.0], [8.0]) and not spreads([8.0], [4.0, 4.0])
+    assert not spreads([8.0, 0.5], [4.0, 4.0])
+
+
+def _cert_instance():
+    from optim.instance import instance_from_dict
+    return instance_from_dict({
+        "name": "class-cert", "adapters": [{"id": f"a{i:03d}", "rank": 8,
+                                            "rate": (2.0, 1.0, 0.5)[i % 3]} for i in range(24)],
+        "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct", "count": 8}],
+        "duration_s": 120.0})
+
+
+def test_a_certificate_runs_the_class_exclusion_with_the_studys_budget(monkeypatch):
+    """``raise_bound_to``: the class step runs with its full budget where the study spends the
+    supply budget, reads the cache only on a solve's path, and its success raises the bound."""
+    from optim import feasibility as F
+    inst = _cert_instance()
+    for name in ("one_gpu_excluded", "fullest_gpu_excluded", "busiest_gpu_excluded",
+                 "two_gpu_splits_excluded", "two_gpus_excluded", "supply_gpus_excluded",
+                 "pair_supply_gpus_excluded"):
+        monkeypatch.setattr(F, name, lambda *a, **k: False)
+    calls = []
+
+    def cls(inst, k, duration_s, workers=None, max_checks=None):
+        calls.append((k, max_checks))
+        return k == 3 and max_checks is None
+    monkeypatch.setattr(F, "class_gpus_excluded", cls)
+    assert F.raise_bound_to(inst, 3, 4, 120.0) == 3                      # a solve: cache only
+    assert F.raise_bound_to(inst, 3, 4, 120.0, supply_checks=128) == 4   # a study
+    assert F.raise_bound_to(inst, 2, 3, 120.0, supply_checks=128) == 2
+    assert calls == [(3, 0), (3, None), (2, None)]
+
+
+def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import optim.class_exclusion as C
+    from optim import feasibility as F
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = _cert_instance()
+    monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
+    budgets = []
+
+    def fake(loads, k, cap_of, fails, checks, progress=None):
+        budgets.append(checks)
+        assert C.load_classes(loads).supply == (8, 8, 8) and cap_of(5) == 1e9
+        return checks >= C.CLASS_CHECKS
+    monkeypatch.setattr(C, "class_excluded", fake)
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=0) is False   # nothing cached
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=8) is False
+    assert F.class_gpus_excluded(inst, 3, 120.0) is True                   # the study's budget
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=0) is True
+    assert budgets == [8, C.CLASS_CHECKS]
+    # several ranks: the dominance would need their order too; not run
+    from optim.instance import instance_from_dict
+    two = instance_from_dict({**inst.to_dict(), "adapters": [
+        {"id": f"a{i:03d}", "rank": (8, 16)[i % 2], "rate": (2.0, 1.0, 0.5)[i % 3]}
+        for i in range(24)]})
+    assert F.class_gpus_excluded(two, 3, 120.0) is False and budgets == [8, C.CLASS_CHECKS]
+
+
+def test_a_spread_gpu_scores_no_better_in_the_twin(tmp_path):
+    """The premise in the twin: on a GPU that must swap (four slots) near or above saturation, a
+    GPU that ``spreads`` another (adapters added, load moved to lighter adapters, loads raised)
+    scores no better (best score over every Amax, mean over 4 seeds, within two standard
+    errors)."""
+    from optim.amax_search import twin_scores
+    from optim.class_exclusion import spreads
+    from optim.instance import instance_from_dict
+    from optim.placement import plan_gpu
+    from tests.slot_profiles import four_slot_profile
+    from twin.workload import Adapter
+
+    dur = 300.0
+    prof = four_slot_profile(tmp_path)
+    inst = instance_from_dict({
+        "name": "spread", "adapters": [{"id": "x", "rank": 8, "rate": 1.0}],
+        "gpus": [{"name": "g", "profile": prof, "count": 4}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": dur})
+    per = inst.mean_tokens
+
+    def best(rates):
+        ads = [Adapter(f"t{i:02d}", 8, r) for i, r in enumerate(rates)]
+        plan = plan_gpu("g", prof, 1, [(a, 1.0) for a in ads], per, 8)
+        return np.array([max(v for v, _ in twin_scores(inst, plan, [1, 2, 3, 4], s, dur, 2))
+                         for s in range(4)])
+
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        f = sorted((float(x) for x in rng.choice([8.0, 4.0, 2.0, 1.0], 6)), reverse=True)
+        c = list(f)
+        heavy = int(np.argmax(c))
+        moved = c[heavy] / 2                          # spread half the heaviest one's load
+        c[heavy] -= moved
+        c[int(np.argmin(c))] += moved
+        c += [1.0] * int(rng.integers(0, 3))          # and add light adapters
+        assert spreads([x * per for x in c], [x * per for x in f])
+        easy, hard = best(f), best(c)
+        se = np.sqrt((easy.var(ddof=1) + hard.var(ddof=1)) / 4)
+        assert hard.mean() <= easy.mean() + 2 * se, (f, c, easy, hard)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_models_cut_is_exactly_not_spreading(seed):
+    """``_Master.cut(f)`` admits a GPU exactly when it does not spread ``f``: every split of a
+    small supply over two GPUs, fixed in the model, is feasible iff neither GPU spreads ``f``
+    (and the loads are in order)."""
+    from optim.class_exclusion import LoadClasses, _Master, spreads
+    rng = np.random.default_rng(seed)
+    w = tuple(sorted((float(x) for x in rng.choice([1, 2, 3, 5, 8], 3, replace=False)),
+                     reverse=True))
+    cls = LoadClasses(w, tuple(int(x) for x in rng.integers(1, 4, 3)))
+    f = [int(rng.integers(0, s + 1)) for s in cls.supply]
+    if sum(f) == 0:
+        f[-1] = 1
+    fv = cls.vector_loads(f)
+    for c0 in itertools.product(*(range(s + 1) for s in cls.supply)):
+        c1 = [s - x for s, x in zip(cls.supply, c0)]
+        master = _Master(cls, 2, lambda n: math.inf)
+        master.cut(f)
+        for j in range(3):
+            master.m.Add(master.c[0][j] == c0[j])
+        got = master.solve(5.0)
+        l0, l1 = sum(cls.vector_loads(c0)), sum(cls.vector_loads(c1))
+        want = (l0 >= l1 and not spreads(cls.vector_loads(c0), fv)
+                and not spreads(cls.vector_loads(c1), fv))
+        assert (got not in (None, False)) == want, (w, cls.supply, f, c0)
