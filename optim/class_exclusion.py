@@ -52,7 +52,8 @@ CLASS_VERSION = 1           # bump when the search changes (results are cached o
 CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
                             # every check is cached, so a larger one resumes)
 MAX_CLASSES = 24            # load classes beyond this: not applicable
-MASTER_TIME_S = 30.0        # CP-SAT time per master solve (an unfinished solve shows nothing)
+MASTER_TIME_S = 10.0        # CP-SAT deterministic time per master solve (about seconds; a
+                            # solve that finds no split in it shows nothing)
 LOAD_UNITS = 1000           # loads in the model: integer milli-tok/s
 SHRINK_STEPS = 4            # bisection steps when shrinking a failing vector
 MAX_ROUNDS = 2000           # master solves (a round whose GPUs a known failure covers costs no
@@ -239,9 +240,11 @@ class _Master:
 
     def solve(self, time_s: float = MASTER_TIME_S) -> list[list[int]] | None | bool:
         """The proposed vectors (heaviest GPU first); None: no k GPUs can hold the supply
-        (proven); False: the solve did not finish."""
+        (proven); False: the solve found no split within its limit."""
         s = self.cp.CpSolver()
-        s.parameters.max_time_in_seconds = float(time_s)
+        # a deterministic limit: the proposals (and so the checks, cached on disk) are the
+        # same on every run and machine; the search stops with the best split found so far
+        s.parameters.max_deterministic_time = float(time_s)
         s.parameters.num_workers = 1
         s.parameters.random_seed = int(self.seed)
         st = s.Solve(self.m)

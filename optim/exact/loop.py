@@ -312,7 +312,8 @@ def _solve_model(P: PackingProblem, solver: str, deadline: float, threads: int |
     if kind is not None:
         # classical bin packing (with or without the graph: capacities too fine for one, e.g.
         # Scholl's hard set at 100,000, take the same path)
-        P, best, done = _classical_search(P, kind, best, deadline, solver, info)
+        P, best, done = _classical_search(P, kind, best, deadline, solver, info,
+                                          retry=G is None)
         if done is not None:
             return done
     if G is not None:
@@ -409,14 +410,17 @@ def classical_kind(P: PackingProblem) -> BinKind | None:
 
 
 def _classical_search(P: PackingProblem, kind: BinKind, best, deadline: float, solver: str,
-                      info: dict[str, Any]) -> tuple[PackingProblem, Any, SolveResult | None]:
+                      info: dict[str, Any], retry: bool = False
+                      ) -> tuple[PackingProblem, Any, SolveResult | None]:
     """Classical bin packing's searches before any model, each ending the solve when it packs
     into the proven bound: a tabu search into the bound (``TABU_FIRST_SHARE`` of the time
     left), column generation's exact bound at the root, a tabu search into it
     (``TABU_ROOT_SHARE``: where the LP bound is the optimum, as on Scholl's hard set and
     Schwerin's, it packs in a second or two), then branch-and-price (``COLGEN_SHARE``), which
-    also proves a bound infeasible and raises it. Returns (``P`` with the raised bound, the best
-    start, the optimal result or None)."""
+    also proves a bound infeasible and raises it. When the root bound is the first search's
+    target, the second search is skipped, or with ``retry`` (no arc-flow graph: capacities so
+    fine that branch-and-price crawls, as on Scholl's hard set) run again from another seed.
+    Returns (``P`` with the raised bound, the best start, the optimal result or None)."""
     t0 = time.perf_counter()
     best = _tabu_start(P, kind, P.gpu_lower_bound, best, deadline, TABU_FIRST_SHARE, info)
     if _meets(P, best, P.gpu_lower_bound):
@@ -428,9 +432,10 @@ def _classical_search(P: PackingProblem, kind: BinKind, best, deadline: float, s
     tried = P.gpu_lower_bound                   # the first search's target
 
     def at_root(target: int) -> list[list[int]] | None:
-        if target <= tried:                     # searched already
+        if target <= tried and not retry:       # searched already
             return None
-        got = _tabu_start(P, kind, target, best, deadline, TABU_ROOT_SHARE, info)
+        got = _tabu_start(P, kind, target, best, deadline, TABU_ROOT_SHARE, info,
+                          seed=int(target <= tried))
         if got is None or not _meets(P, got, target):
             return None
         packed["best"] = got
@@ -476,7 +481,7 @@ def _colgen_start(P: PackingProblem, kind: BinKind | None, best, deadline: float
 
 
 def _tabu_start(P: PackingProblem, kind: BinKind | None, target: int, best, deadline: float,
-                share: float, info: dict[str, Any]):
+                share: float, info: dict[str, Any], seed: int = 0):
     """``best`` or, for classical bin packing (``kind``) when ``best`` uses more than
     ``target`` GPUs, a packing into ``target`` bins found by ``bpp_search.pack_into`` within
     ``share`` of the time left (recorded in ``info``)."""
@@ -486,7 +491,7 @@ def _tabu_start(P: PackingProblem, kind: BinKind | None, target: int, best, dead
         return best
     t0 = time.perf_counter()
     until = t0 + share * max(0.0, deadline - t0)
-    bins = pack_into(kind.weights(P), kind.cap, target, until, seed=0)
+    bins = pack_into(kind.weights(P), kind.cap, target, until, seed=seed)
     info.setdefault("tabu", []).append({"target": target, "found": bins is not None,
                                         "wall_s": round(time.perf_counter() - t0, 3)})
     if bins is None:
