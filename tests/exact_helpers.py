@@ -54,3 +54,17 @@ def bpplib_instance(name: str) -> dict:
     """A committed BPPLIB file as an instance document (``optim.exact.classical``)."""
     from optim.exact.classical import classical_instance, read_bin_packing
     return classical_instance(read_bin_packing(BPP_DIR / f"{name}.txt")[0])
+
+
+def assert_study_cache_rule(excluded, study_budget: int, budgets: list) -> None:
+    """The cache rule of an exclusion step run with a budget of GPU checks (``excluded(
+    max_checks=...)``, its search faked to succeed with the study's budget only and to record
+    each budget it runs with in ``budgets``): a solve (budget 0) reads the cache only, a smaller
+    budget's failure does not stand for the study's, the study's success holds for every later
+    call."""
+    assert excluded(max_checks=0) is False              # nothing cached
+    assert excluded(max_checks=8) is False
+    assert excluded() is True                            # the study's budget
+    assert excluded(max_checks=8) is True
+    assert excluded(max_checks=0) is True
+    assert budgets == [8, study_budget]

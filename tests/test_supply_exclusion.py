@@ -8,6 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
+from tests.exact_helpers import assert_study_cache_rule
+
 from optim.supply_exclusion import (best_vector, best_vector_levels, least_work_loads,
                                     load_range, shape_ok,
                                     supply_excluded, supply_group, top_group_size,
@@ -252,12 +254,8 @@ def test_a_studys_cached_success_holds_for_a_solve(tmp_path, monkeypatch):
         budgets.append(checks)
         return checks >= S.SUPPLY_CHECKS
     monkeypatch.setattr(S, "supply_excluded", fake)
-    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=0) is False   # nothing cached
-    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is False
-    assert F.supply_gpus_excluded(inst, 3, 120.0) is True             # the study's budget
-    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=8) is True
-    assert F.supply_gpus_excluded(inst, 3, 120.0, max_checks=0) is True
-    assert budgets == [8, S.SUPPLY_CHECKS]
+    assert_study_cache_rule(lambda **kw: F.supply_gpus_excluded(inst, 3, 120.0, **kw),
+                            S.SUPPLY_CHECKS, budgets)
 
 
 def test_a_shape_whose_least_load_fails_is_ruled_out():
