@@ -257,16 +257,29 @@ class _Master:
 
 def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float],
                    fails: Callable[[list[float]], bool], max_checks: int = CLASS_CHECKS,
-                   progress: Callable[[str], None] | None = None) -> bool:
+                   progress: Callable[[str], None] | None = None,
+                   trace: dict | None = None) -> bool:
     """True when no k GPUs can hold adapters of these ``loads`` (tok/s) with every GPU passing
     (module docstring). ``cap_of(n)``: the most load an accepted GPU of exactly ``n`` adapters
     carries (``inf`` where unknown); ``fails(loads)``: the twin check of one GPU
     (``feasibility.gpu_excluded`` on adapters of those loads). At most ``max_checks`` calls of
-    ``fails``; ``progress`` is called after each."""
+    ``fails``; ``progress`` is called after each. ``trace`` (a dict) receives how the search
+    ended: ``why``, the ``checks`` and ``rounds`` spent, the ``cuts`` and, when a proposed split
+    passed, its vectors (``passing``, class counts heaviest class first)."""
     cls = load_classes(loads)
+    trace = {} if trace is None else trace
     if k < 1 or len(cls.loads) > MAX_CLASSES:
+        trace["why"] = "not applicable"
         return False
     master = _Master(cls, k, cap_of)
+    cuts: list[list[int]] = []
+
+    def end(why: str, out: bool, rounds: int, passing=None) -> bool:
+        trace.update(why=why, checks=used, rounds=rounds, cuts=cuts,
+                     classes=[round(w, 6) for w in cls.loads], supply=list(cls.supply))
+        if passing is not None:
+            trace["passing"] = passing
+        return out
     passed: set[tuple[int, ...]] = set()
     failed: list[list[int]] = []        # every vector shown failing (the cuts among them)
     used = 0
@@ -290,27 +303,28 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
             passed.add(key)
         return out
 
-    for _ in range(MAX_ROUNDS):
+    for rounds in range(1, MAX_ROUNDS + 1):
         if used >= max_checks:
-            return False
+            return end("check budget spent", False, rounds - 1)
         gpus = master.solve()
         if gpus is None:
-            return True
+            return end("no k GPUs hold the supply", True, rounds)
         if gpus is False:
-            return False
+            return end("the model found no split within its limit", False, rounds)
         cut = None
         for c in gpus:
             if sum(c) == 0 or tuple(c) in passed:
                 continue
             if used >= max_checks:
-                return False
+                return end("check budget spent", False, rounds)
             if check(c):
                 cut = shrink(c, lambda v: used < max_checks and check(v))
                 break
-        if cut is None:
-            return False            # every proposed GPU passes: this split may be accepted
+        if cut is None:     # every proposed GPU passes: this split may be accepted
+            return end("a proposed split passes every check", False, rounds, gpus)
+        cuts.append(cut)
         master.cut(cut)
-    return False
+    return end("round limit", False, MAX_ROUNDS)
 
 
 __all__ = ["CLASS_VERSION", "CLASS_CHECKS", "LoadClasses", "load_classes", "dominates",

@@ -964,11 +964,12 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
         return c
 
     check = _least_work_check(inst, duration_s, workers)
+    trace: dict = {}
     return _recorded_search(
         inst, key(checks), f"class checks, {k} GPUs", checks,
-        {"k": int(k), "duration_s": float(duration_s)},
+        {"k": int(k), "duration_s": float(duration_s), "search": trace},
         lambda progress: class_excluded(loads, k, cap_of, lambda v: check(np.asarray(v)),
-                                        checks, progress=progress))
+                                        checks, progress=progress, trace=trace))
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,

@@ -86,8 +86,15 @@ def test_never_excludes_a_feasible_k_and_proves_most_infeasible_ones(seed):
         return cap_n if n >= 3 else math.inf
 
     feasible = _feasible(loads_by_class, supply, k, fails, cap)
-    got = class_excluded(loads, k, cap, fails, max_checks=200)
+    trace: dict = {}
+    got = class_excluded(loads, k, cap, fails, max_checks=200, trace=trace)
     assert not (got and feasible), "excluded a k the oracle can serve"
+    if not got:     # the split that ended the search holds the supply and passes
+        split = trace["passing"]
+        assert trace["why"] == "a proposed split passes every check"
+        assert [sum(c[j] for c in split) for j in range(J)] == supply
+        assert not any(fails([w for w, n in zip(loads_by_class, c) for _ in range(n)])
+                       for c in split if sum(c))
     # with enough checks, an infeasible k is shown: the search is complete in a world where
     # the check is exact (every proposed GPU that passes is really accepted)
     assert got == (not feasible)
@@ -156,7 +163,7 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
     budgets = []
 
-    def fake(loads, k, cap_of, fails, checks, progress=None):
+    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None):
         budgets.append(checks)
         assert C.load_classes(loads).supply == (8, 8, 8) and cap_of(5) == 1e9
         return checks >= C.CLASS_CHECKS
