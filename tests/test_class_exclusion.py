@@ -244,3 +244,28 @@ def test_the_models_cut_is_exactly_not_spreading(seed):
         want = (l0 >= l1 and not spreads(cls.vector_loads(c0), fv)
                 and not spreads(cls.vector_loads(c1), fv))
         assert (got not in (None, False)) == want, (w, cls.supply, f, c0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_caps_that_rise_then_fall_with_the_count_stay_sound(seed):
+    """Count caps shaped like the SLO's (``min(S(n), K(n))``: the n heaviest loads, then a
+    limit falling with n): the model takes their non-increasing envelope, so it never excludes
+    a k that brute force serves; with every GPU passing the twin check, what it excludes comes
+    from the caps and the supply alone."""
+    rng = np.random.default_rng(100 + seed)
+    J = 3
+    w = sorted((float(x) for x in rng.choice([1, 2, 4, 8, 16], J, replace=False)), reverse=True)
+    supply = [int(x) for x in rng.integers(1, 4, J)]
+    loads = [x for x, s in zip(w, supply) for _ in range(s)]
+    heavy = np.concatenate([[0.0], np.cumsum(sorted(loads, reverse=True))])
+    k = int(rng.integers(2, 4))
+    K = sum(loads) / k * float(rng.uniform(0.9, 1.6))
+    drop = float(rng.uniform(0.0, 0.2))
+
+    def cap(n):
+        return min(heavy[min(n, len(loads))], K * (1 - drop * n / len(loads)))
+
+    def never(v):
+        return False
+    feasible = _feasible(w, supply, k, never, cap)
+    assert not (class_excluded(loads, k, cap, never, max_checks=50) and feasible)
