@@ -38,7 +38,11 @@ proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS`` solves a
 nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``), so a larger
 budget resumes where a smaller one stopped.
 
-Instances with one rank only (with several, the dominance would need the ranks' order too).
+The first solve, before any check, uses the caps and the supply alone: it excludes k GPUs
+where the count-partition bound (``count_bound``) lets every GPU take the heaviest adapters at
+once. That part needs no order of failures, so it runs with several ranks too (loads grouped
+regardless of rank; the caps, measured at the smallest rank, bound every rank); the checked
+search needs one rank (with several, the dominance would need the ranks' order too).
 """
 
 from __future__ import annotations
@@ -256,13 +260,15 @@ class _Master:
 
 
 def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float],
-                   fails: Callable[[list[float]], bool], max_checks: int = CLASS_CHECKS,
+                   fails: Callable[[list[float]], bool] | None, max_checks: int = CLASS_CHECKS,
                    progress: Callable[[str], None] | None = None,
                    trace: dict | None = None) -> bool:
     """True when no k GPUs can hold adapters of these ``loads`` (tok/s) with every GPU passing
     (module docstring). ``cap_of(n)``: the most load an accepted GPU of exactly ``n`` adapters
     carries (``inf`` where unknown); ``fails(loads)``: the twin check of one GPU
-    (``feasibility.gpu_excluded`` on adapters of those loads). At most ``max_checks`` calls of
+    (``feasibility.gpu_excluded`` on adapters of those loads), or None: the caps and the supply
+    alone, one model solve and no twin check (``max_checks`` is then ignored; it needs no
+    dominance order, so it holds with several ranks too). At most ``max_checks`` calls of
     ``fails``; ``progress`` is called after each. ``trace`` (a dict) receives how the search
     ended: ``why``, the ``checks`` and ``rounds`` spent, the ``cuts`` and, when a proposed split
     passed, its vectors (``passing``, class counts heaviest class first)."""
@@ -303,6 +309,12 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
             passed.add(key)
         return out
 
+    if fails is None:
+        gpus = master.solve()
+        if gpus is None:
+            return end("no k GPUs hold the supply", True, 1)
+        return end("the caps and the supply allow a split", False, 1,
+                   None if gpus is False else gpus)
     for rounds in range(1, MAX_ROUNDS + 1):
         if used >= max_checks:
             return end("check budget spent", False, rounds - 1)

@@ -930,29 +930,40 @@ def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | 
 def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int | None = None,
                         max_checks: int | None = None) -> bool:
     """True when no twin-accepted placement of ``inst`` (each adapter whole on one GPU) uses
-    ``k`` GPUs, shown by its load classes (``optim.class_exclusion``: every GPU a vector of
-    class counts, failures cut every vector that dominates them, until no k vectors within the
-    count-aware caps hold the supply; :func:`gpu_excluded` with its spread margin, same
-    premises as the supply steps). One rank only. False when not shown within ``max_checks``
-    GPU checks (default ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that
-    default). Cached on disk."""
+    ``k`` GPUs, shown by its load classes (``optim.class_exclusion``): first the count-aware
+    caps and the classes' supply alone (no twin check, any ranks: cheap, so also on a solve's
+    path), then, with one rank, the checked search (every GPU a vector of class counts,
+    failures cut every vector that spreads them, :func:`gpu_excluded` with its spread margin,
+    same premises as the supply steps) with ``max_checks`` GPU checks (default
+    ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default). Cached on
+    disk."""
     from .class_exclusion import (CLASS_CHECKS, CLASS_VERSION, MAX_CLASSES, class_excluded,
                                   load_classes)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     loads = [inst.load_tps(a) for a in inst.adapters]
-    if k < 2 or len({a.rank for a in inst.adapters}) != 1 \
-            or not 2 <= len(load_classes(loads).loads) <= MAX_CLASSES:
+    if k < 2 or not 2 <= len(load_classes(loads).loads) <= MAX_CLASSES:
         return False
     checks = CLASS_CHECKS if max_checks is None else int(max_checks)
     r0 = _smallest_rank(inst)
 
-    def key(budget: int) -> str:
+    def key(budget: int | str) -> str:
         return _gpu_key(inst, inst.adapters, r0, duration_s,
                         what=f"class_gpus_excluded/{CLASS_VERSION}/{int(k)}/{budget}")
 
-    hit = _cached_exclusion([(key(budget), budget == checks) for budget in
-                             dict.fromkeys((CLASS_CHECKS, checks))])
-    if hit is not None or checks <= 0:
+    def search(budget: int | str, fails) -> bool:
+        trace: dict = {}
+        return _recorded_search(
+            inst, key(budget), f"class checks, {k} GPUs", 0 if fails is None else budget,
+            {"k": int(k), "duration_s": float(duration_s), "search": trace},
+            lambda progress: class_excluded(loads, k, cap_of, fails,
+                                            0 if fails is None else int(budget),
+                                            progress=progress, trace=trace))
+
+    one_rank = len({a.rank for a in inst.adapters}) == 1
+    hit = _cached_exclusion([(key("caps"), not one_rank)]
+                            + [(key(budget), budget == checks) for budget in
+                               dict.fromkeys((CLASS_CHECKS, checks))] * one_rank)
+    if hit is not None:
         return bool(hit)
     gpu_cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
     by_count = count_caps(inst, duration_s, workers, measure_max=0)   # the SLO's, cached
@@ -963,13 +974,12 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
             c = min(c, float(by_count[n]))
         return c
 
+    if _cached_exclusion([(key("caps"), True)]) is None and search("caps", None):
+        return True
+    if not one_rank or checks <= 0:
+        return False
     check = _least_work_check(inst, duration_s, workers)
-    trace: dict = {}
-    return _recorded_search(
-        inst, key(checks), f"class checks, {k} GPUs", checks,
-        {"k": int(k), "duration_s": float(duration_s), "search": trace},
-        lambda progress: class_excluded(loads, k, cap_of, lambda v: check(np.asarray(v)),
-                                        checks, progress=progress, trace=trace))
+    return search(checks, lambda v: check(np.asarray(v)))
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
@@ -997,8 +1007,9 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     every split of adapters and load by the canonical GPUs of both sides (``two_gpus_excluded``
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
-    last, with one rank, every GPU's vector of load-class counts (``class_gpus_excluded``, same
-    assumptions, ``class_exclusion.CLASS_CHECKS`` GPU checks where ``supply_checks`` > 0), the
+    last, every GPU's vector of load-class counts (``class_gpus_excluded``: the caps and the
+    supply alone, then with one rank ``class_exclusion.CLASS_CHECKS`` GPU checks where
+    ``supply_checks`` > 0), the
     supply of the heaviest adapters (``supply_gpus_excluded``), and for two GPUs that of the
     two heaviest load classes (``pair_supply_gpus_excluded``), each with ``supply_checks`` GPU
     checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies (minutes

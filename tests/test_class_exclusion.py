@@ -154,28 +154,43 @@ def test_a_certificate_runs_the_class_exclusion_with_the_studys_budget(monkeypat
 
 
 def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
+    """The checked search: a study's success holds for a solve, a smaller budget's failure does
+    not; the caps-only stage runs first (also on a solve's path, it replays nothing), and with
+    several ranks it is all that runs."""
     from types import SimpleNamespace
 
     import optim.class_exclusion as C
     from optim import feasibility as F
+    from optim.instance import instance_from_dict
     monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
     inst = _cert_instance()
     monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
-    budgets = []
+    budgets, caps_only = [], []
 
     def fake(loads, k, cap_of, fails, checks, progress=None, trace=None):
-        budgets.append(checks)
         assert C.load_classes(loads).supply == (8, 8, 8) and cap_of(5) == 1e9
+        if fails is None:
+            caps_only.append(k)
+            return False
+        budgets.append(checks)
         return checks >= C.CLASS_CHECKS
     monkeypatch.setattr(C, "class_excluded", fake)
     assert_study_cache_rule(lambda **kw: F.class_gpus_excluded(inst, 3, 120.0, **kw),
                             C.CLASS_CHECKS, budgets)
-    # several ranks: the dominance would need their order too; not run
-    from optim.instance import instance_from_dict
+    assert caps_only == [3]                       # once: its "not shown" is cached
+    # several ranks: the caps-only stage alone (the dominance would need the ranks' order)
     two = instance_from_dict({**inst.to_dict(), "adapters": [
         {"id": f"a{i:03d}", "rank": (8, 16)[i % 2], "rate": (2.0, 1.0, 0.5)[i % 3]}
         for i in range(24)]})
     assert F.class_gpus_excluded(two, 3, 120.0) is False and len(budgets) == 2
+    assert caps_only == [3, 3]
+    assert F.class_gpus_excluded(two, 3, 120.0) is False and caps_only == [3, 3]   # cached
+    # where the caps and the supply alone exclude k, no GPU is checked
+    monkeypatch.setattr(C, "class_excluded",
+                        lambda loads, k, cap_of, fails, checks, progress=None, trace=None:
+                        fails is None or pytest.fail("checked search ran"))
+    assert F.class_gpus_excluded(inst, 2, 120.0, max_checks=0) is True
+    assert F.class_gpus_excluded(two, 2, 120.0, max_checks=0) is True
 
 
 def test_a_spread_gpu_scores_no_better_in_the_twin(tmp_path):
