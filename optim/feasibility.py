@@ -960,9 +960,11 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
                                             progress=progress, trace=trace))
 
     one_rank = len({a.rank for a in inst.adapters}) == 1
-    hit = _cached_exclusion([(key("caps"), not one_rank)]
-                            + [(key(budget), budget == checks) for budget in
-                               dict.fromkeys((CLASS_CHECKS, checks))] * one_rank)
+    cached = [(key("caps"), not one_rank)]  # with several ranks that stage is all there is
+    if one_rank:
+        cached += [(key(budget), budget == checks)
+                   for budget in dict.fromkeys((CLASS_CHECKS, checks))]
+    hit = _cached_exclusion(cached)
     if hit is not None:
         return bool(hit)
     gpu_cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
@@ -1009,12 +1011,11 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
     last, every GPU's vector of load-class counts (``class_gpus_excluded``: the caps and the
     supply alone, then with one rank ``class_exclusion.CLASS_CHECKS`` GPU checks where
-    ``supply_checks`` > 0), the
-    supply of the heaviest adapters (``supply_gpus_excluded``), and for two GPUs that of the
-    two heaviest load classes (``pair_supply_gpus_excluded``), each with ``supply_checks`` GPU
-    checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies (minutes
-    on many adapters), none on a solve's path (``SUPPLY_SOLVE_CHECKS``), which takes a study's
-    cached success only."""
+    ``supply_checks`` > 0), the supply of the heaviest adapters (``supply_gpus_excluded``), and
+    for two GPUs that of the two heaviest load classes (``pair_supply_gpus_excluded``), each
+    with ``supply_checks`` GPU checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies
+    (minutes on many adapters), none on a solve's path (``SUPPLY_SOLVE_CHECKS``), which takes a
+    study's cached success only."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb

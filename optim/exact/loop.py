@@ -427,8 +427,7 @@ def _classical_search(P: PackingProblem, kind: BinKind, best, deadline: float, s
         return P, best, _packing_result(solver, kind, best[1], P.gpu_lower_bound, t0, "bounds",
                                         "tabu search")
     t0 = time.perf_counter()
-    packed = {}
-
+    packed: dict[str, Any] = {}                 # the root search's packing, when it finds one
     tried = P.gpu_lower_bound                   # the first search's target
 
     def at_root(target: int) -> list[list[int]] | None:
