@@ -52,7 +52,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-CLASS_VERSION = 1           # bump when the search changes (results are cached on disk)
+CLASS_VERSION = 2           # bump when the search changes (results are cached on disk)
+CLASS_SOUND_VERSIONS = (1, 2)   # versions whose cached exclusions still hold (proofs)
 CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
                             # every check is cached, so a larger one resumes)
 MAX_CLASSES = 24            # load classes beyond this: not applicable
@@ -60,6 +61,7 @@ MASTER_TIME_S = 10.0        # CP-SAT deterministic time per master solve (about 
                             # solve that finds no split in it shows nothing)
 LOAD_UNITS = 1000           # loads in the model: integer milli-tok/s
 SHRINK_STEPS = 4            # bisection steps when shrinking a failing vector
+FEASIBILITY_TIME_S = 60.0   # ... and for any split once the balanced search found none
 MAX_ROUNDS = 2000           # master solves (a round whose GPUs a known failure covers costs no
                             # twin check, only a CP-SAT solve of a few ms)
 
@@ -244,19 +246,29 @@ class _Master:
 
     def solve(self, time_s: float = MASTER_TIME_S) -> list[list[int]] | None | bool:
         """The proposed vectors (heaviest GPU first); None: no k GPUs can hold the supply
-        (proven); False: the solve found no split within its limit."""
+        (proven); False: no split found within the limits. When the balanced search (least
+        largest load) finds none in ``time_s``, any split is sought, without the objective, in
+        ``FEASIBILITY_TIME_S`` (an objective makes CP-SAT's search harder once many cuts
+        stand)."""
+        st, s = self._run(time_s)
+        if st == self.cp.UNKNOWN:
+            self.m.ClearObjective()
+            st, s = self._run(FEASIBILITY_TIME_S)
+            self.m.Minimize(self.load[0])
+        if st == self.cp.INFEASIBLE:
+            return None
+        if st not in (self.cp.OPTIMAL, self.cp.FEASIBLE):
+            return False
+        return [[int(s.Value(x)) for x in row] for row in self.c]
+
+    def _run(self, time_s: float):
         s = self.cp.CpSolver()
         # a deterministic limit: the proposals (and so the checks, cached on disk) are the
         # same on every run and machine; the search stops with the best split found so far
         s.parameters.max_deterministic_time = float(time_s)
         s.parameters.num_workers = 1
         s.parameters.random_seed = int(self.seed)
-        st = s.Solve(self.m)
-        if st == self.cp.INFEASIBLE:
-            return None
-        if st not in (self.cp.OPTIMAL, self.cp.FEASIBLE):
-            return False
-        return [[int(s.Value(x)) for x in row] for row in self.c]
+        return s.Solve(self.m), s
 
 
 def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float],
@@ -339,5 +351,5 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     return end("round limit", False, MAX_ROUNDS)
 
 
-__all__ = ["CLASS_VERSION", "CLASS_CHECKS", "LoadClasses", "load_classes", "dominates",
+__all__ = ["CLASS_VERSION", "CLASS_SOUND_VERSIONS", "CLASS_CHECKS", "LoadClasses", "load_classes", "dominates",
            "spreads", "shrink", "class_excluded"]

@@ -937,8 +937,8 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     same premises as the supply steps) with ``max_checks`` GPU checks (default
     ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default). Cached on
     disk."""
-    from .class_exclusion import (CLASS_CHECKS, CLASS_VERSION, MAX_CLASSES, class_excluded,
-                                  load_classes)
+    from .class_exclusion import (CLASS_CHECKS, CLASS_SOUND_VERSIONS, CLASS_VERSION,
+                                  MAX_CLASSES, class_excluded, load_classes)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     loads = [inst.load_tps(a) for a in inst.adapters]
     if k < 2 or not 2 <= len(load_classes(loads).loads) <= MAX_CLASSES:
@@ -946,9 +946,9 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     checks = CLASS_CHECKS if max_checks is None else int(max_checks)
     r0 = _smallest_rank(inst)
 
-    def key(budget: int | str) -> str:
+    def key(budget: int | str, version: int = CLASS_VERSION) -> str:
         return _gpu_key(inst, inst.adapters, r0, duration_s,
-                        what=f"class_gpus_excluded/{CLASS_VERSION}/{int(k)}/{budget}")
+                        what=f"class_gpus_excluded/{version}/{int(k)}/{budget}")
 
     def search(budget: int | str, fails) -> bool:
         trace: dict = {}
@@ -960,10 +960,11 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
                                             progress=progress, trace=trace))
 
     one_rank = len({a.rank for a in inst.adapters}) == 1
-    cached = [(key("caps"), not one_rank)]  # with several ranks that stage is all there is
-    if one_rank:
-        cached += [(key(budget), budget == checks)
-                   for budget in dict.fromkeys((CLASS_CHECKS, checks))]
+    # an exclusion cached by any sound version stands; a "not shown" only the current one's
+    # (with several ranks the caps stage is all there is)
+    cached = [(key(budget, v), v == CLASS_VERSION and (budget == checks or not one_rank))
+              for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
+              for budget in ["caps"] + list(dict.fromkeys((CLASS_CHECKS, checks))) * one_rank]
     hit = _cached_exclusion(cached)
     if hit is not None:
         return bool(hit)
