@@ -8,7 +8,7 @@ and a placement on k GPUs is k vectors with ``sum_i c_i = s``.
 
 **Dominance.** ``c'`` *dominates* ``c`` when every prefix sum of ``c'`` (its adapters in the
 heaviest ``t + 1`` classes, every t) is at least that of ``c``: ``c'`` is ``c`` with adapters
-added or moved to heavier classes. Under the premises the other bound steps rest on
+added or moved to heavier classes (a special case of ``spreads`` below, which the search uses). Under the premises the other bound steps rest on
 (``feasibility.canonical_gpu``: adding an adapter or raising an adapter's load never turns a
 failing GPU into an accepted one), a GPU that dominates a failing one fails too. A GPU *fails*
 when ``feasibility.gpu_excluded`` shows it (every Amax, with its spread margin over the
@@ -96,11 +96,6 @@ def load_classes(loads: Sequence[float], rtol: float = 1e-9) -> LoadClasses:
     return LoadClasses(tuple(vals), tuple(counts))
 
 
-def dominates(c: Sequence[int], f: Sequence[int]) -> bool:
-    """``c`` dominates ``f``: every prefix sum of ``c`` is at least that of ``f``."""
-    return bool(np.all(np.cumsum(c) >= np.cumsum(f)))
-
-
 def spreads(c: Sequence[float], f: Sequence[float], rtol: float = 1e-9) -> bool:
     """The load vector ``c`` is reachable from ``f`` by adding adapters, raising loads and
     moving load from a heavier adapter to a lighter one (spreading it) — none of which turns a
@@ -152,7 +147,7 @@ class _Master:
         self.k, self.cls, self.seed = k, cls, seed
         self._tops: dict[tuple[int, int], object] = {}
         J = len(cls.loads)
-        w = [int(round(x * LOAD_UNITS)) for x in cls.loads]
+        self.w = w = [int(round(x * LOAD_UNITS)) for x in cls.loads]     # model units
         top = sum(wj * sj for wj, sj in zip(w, cls.supply))
         self.c = [[m.NewIntVar(0, cls.supply[j], f"c{i}_{j}") for j in range(J)]
                   for i in range(k)]
@@ -202,9 +197,8 @@ class _Master:
         ``B_q(c) >= B_q(f)`` for every q (both piecewise linear in q, so at the breakpoints of
         either: f's prefix counts, a constant q, and c's, where ``B`` is c's load in its lighter
         classes and ``B_q(f)`` a table lookup); the cut asks one of these to fail."""
-        m, cls = self.m, self.cls
-        J = len(cls.loads)
-        w = [int(round(x * LOAD_UNITS)) for x in cls.loads]
+        m, cls, w = self.m, self.cls, self.w
+        J = len(w)
         fl = [wj for wj, k in zip(w, f) for _ in range(int(k))]
         nf = len(fl)
         table = [int(sum(fl[q:])) for q in range(cls.n + 1)]     # B_q(f), 0 from q = n(f)
@@ -230,8 +224,7 @@ class _Master:
         over ``max(0, min(c_ij, P_j - q))`` per class, built once per (i, q))."""
         key = (i, q)
         if key not in self._tops:
-            m, N = self.m, self.cls.n
-            w = [int(round(x * LOAD_UNITS)) for x in self.cls.loads]
+            m, N, w = self.m, self.cls.n, self.w
             terms = []
             for j in range(len(w)):
                 d = m.NewIntVar(-N, N, "")
@@ -308,7 +301,7 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
         if key in passed:
             return False
         v = cls.vector_loads(c)
-        if any(dominates(c, f) or spreads(v, cls.vector_loads(f)) for f in failed):
+        if any(spreads(v, cls.vector_loads(f)) for f in failed):     # dominance included
             failed.append(list(c))
             return True
         used += 1
@@ -351,5 +344,5 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     return end("round limit", False, MAX_ROUNDS)
 
 
-__all__ = ["CLASS_VERSION", "CLASS_SOUND_VERSIONS", "CLASS_CHECKS", "LoadClasses", "load_classes", "dominates",
+__all__ = ["CLASS_VERSION", "CLASS_SOUND_VERSIONS", "CLASS_CHECKS", "LoadClasses", "load_classes",
            "spreads", "shrink", "class_excluded"]

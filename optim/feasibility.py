@@ -962,10 +962,11 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     one_rank = len({a.rank for a in inst.adapters}) == 1
     # an exclusion cached by any sound version stands; a "not shown" only the current one's
     # (with several ranks the caps stage is all there is)
-    cached = [(key(budget, v), v == CLASS_VERSION and (budget == checks or not one_rank))
-              for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
-              for budget in ["caps"] + list(dict.fromkeys((CLASS_CHECKS, checks))) * one_rank]
-    hit = _cached_exclusion(cached)
+    stages = ["caps"] + (list(dict.fromkeys((CLASS_CHECKS, checks))) if one_rank else [])
+    hit = _cached_exclusion([(key(budget, v), v == CLASS_VERSION
+                              and (budget == checks or not one_rank))
+                             for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
+                             for budget in stages])
     if hit is not None:
         return bool(hit)
     gpu_cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps

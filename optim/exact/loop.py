@@ -451,15 +451,13 @@ def _classical_search(P: PackingProblem, kind: BinKind, best, deadline: float, s
     return P, best, None
 
 
-def _colgen_start(P: PackingProblem, kind: BinKind | None, best, deadline: float, share: float,
+def _colgen_start(P: PackingProblem, kind: BinKind, best, deadline: float, share: float,
                   info: dict[str, Any], at_root=None) -> tuple[PackingProblem, Any]:
     """(``P`` with its bound raised, best) for classical bin packing (``kind``): column
     generation's exact Farley bound (``colgen``) and, while ``best`` is above it, ``at_root``
     (``colgen_dive``'s) then branch-and-price for a packing into it, within ``share`` of the
-    time left (recorded in ``info``). Elsewhere (``P``, ``best``)."""
+    time left (recorded in ``info``)."""
     from .colgen import colgen_dive
-    if kind is None:
-        return P, best
     t0 = time.perf_counter()
     incumbent = None if best is None else int(solution_value(P, best[1]))
     r = colgen_dive(kind.weights(P), kind.cap, t0 + share * max(0.0, deadline - t0),
