@@ -14,6 +14,16 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_ENV = "LORA_SHARED_DATA"
 
 
+def _counting():
+    from optim.registry import MethodOptions
+    # studies that count GPUs: each GPU's Amax is not tuned after acceptance
+    # (optim.amax_tuning; it costs replays and never changes the count)
+    return MethodOptions(extra={"tune_amax": False})
+
+
+COUNTING = _counting()
+
+
 def git_commit(mark_changes: bool = False) -> str:
     """The checkout's short commit hash (``unknown`` outside git); with ``mark_changes``,
     ``+changes`` appended when tracked files differ from it."""

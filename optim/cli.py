@@ -96,8 +96,10 @@ def cmd_solve(a: argparse.Namespace) -> int:
 
 def _solve_and_report(a: argparse.Namespace, inst, json_out, vllm_out, workers) -> int:
     import twin.fleet
-    opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit,
-                         extra={} if a.compact else {"compact": False})
+    extra = {} if a.compact else {"compact": False}
+    if not a.tune_amax:
+        extra["tune_amax"] = False
+    opts = MethodOptions(n_gpus=a.gpus, seed=a.seed, time_limit_s=a.time_limit, extra=extra)
     if not a.quiet and a.verify:
         print(f"solving {inst.name} with {a.method}, then replaying it in the twin "
               f"({a.duration or inst.duration_s:g} s window; progress on stderr)", file=sys.stderr)
@@ -208,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
                    help="greedy with --verify: after repair, take GPUs away while the twin "
                         "accepts, each GPU's Amax chosen by the twin")
+    s.add_argument("--tune-amax", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --verify: once the twin accepts, each GPU's --max-loras is its best "
+                        "integer in the twin (every value 1..adapters + 1 replayed; "
+                        "optim.amax_tuning)")
     s.add_argument("--gpus", type=positive_int, default=None,
                    help="fleet size for fixed-fleet methods (random, dlora, loraserve)")
     s.add_argument("--max-homes", type=positive_int, default=None, metavar="K",

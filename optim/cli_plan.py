@@ -45,7 +45,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
             res = make_plan(inst, out, a.method, None, a.time_limit, a.workers, a.force,
                             a.quiet, DeployOptions(targets=targets,
                                                    allow_rejected=a.allow_rejected,
-                                                   headroom=not a.no_headroom))
+                                                   headroom=not a.no_headroom),
+                            tune_amax=a.tune_amax)
     except PlanError as e:
         raise CliError(str(e)) from None
     for line in summary_lines(res, out):
@@ -105,6 +106,10 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--allow-rejected", action="store_true",
                    help="write the deployment files even when the twin rejects the placement "
                         "(they record twin_verdict=rejected)")
+    s.add_argument("--tune-amax", action=argparse.BooleanOptionalAction, default=True,
+                   help="once the twin accepts the placement, each GPU's --max-loras is its best "
+                        "integer in the twin (every value 1..adapters + 1 replayed; "
+                        "optim.amax_tuning)")
     s.add_argument("--slo", default=None, metavar="NAME=MS[,...]", help=SLO_HELP)
     s.add_argument("--slo-class", action="append", metavar="CLASS:NAME=MS[,...]",
                    help="bounds of an adapter class, for the adapters whose slo_class column in "

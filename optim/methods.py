@@ -90,7 +90,10 @@ def _load_builtin() -> None:
 def solve(inst: Instance, method: str, objective: str | Objective | None = None,
           options: MethodOptions | None = None, verify: bool = False,
           duration_s: float | None = None, workers: int | None = None) -> Placement:
-    """Pre-check, run ``method``, score, and (with ``verify``) replay the placement in the twin."""
+    """Pre-check, run ``method``, score, and (with ``verify``) replay the placement in the twin;
+    a twin-accepted placement then gets each GPU's best integer Amax in the twin
+    (``optim.amax_tuning``; option ``tune_amax``, default on: studies that count GPUs turn it
+    off, the count does not change)."""
     info = get_method(method)
     obj = objective if objective is not None and not isinstance(objective, str) \
         else make_objective(inst, objective)
@@ -122,6 +125,14 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
                                      f"max_homes {inst.max_homes} is ignored",))
     if verify and p.gpus and p.verdict is None:
         p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
+    if verify and p.verdict == "accepted" and options.extra.get("tune_amax", True) \
+            and not any(t.capacity_tps is not None for t in inst.gpu_types):
+        from .amax_tuning import tune_amax       # constant-capacity types: no twin to ask
+        t1 = time.perf_counter()
+        p = tune_amax(inst, p, duration_s, workers)
+        if "amax_tuning" in p.params:
+            p = p.with_(params={**p.params, "amax_tuning": {
+                **p.params["amax_tuning"], "wall_s": round(time.perf_counter() - t1, 3)}})
     line = homes_line(p)
     if line:
         p = p.with_(notes=p.notes + (line,))

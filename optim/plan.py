@@ -8,7 +8,8 @@ runs the stages an operator needs, each announced on stderr as it starts:
    limits are measured once per profile, lengths model and window and cached (shipped for the
    shipped profiles in ``optim/data/carry_limits.json``);
 2. the placement (greedy by default, any registered method by name), verified in the fleet twin
-   and, for greedy, repaired and compacted there;
+   and, for greedy, repaired and compacted there; then each GPU's ``max_loras`` is set to its
+   best integer in the twin (``optim.amax_tuning``);
 3. the report curves: every GPU's twin capacity (the largest load, its adapters' rates scaled
    together, it carries unstarved at its max_loras) and, for the busiest GPUs, twin throughput / offered load against ``max_loras`` with the
    chosen point and the starvation line; under a latency SLO also their p99 TTFT and p99 ITL
@@ -637,8 +638,10 @@ def _bound_cached(inst: Instance, dur: float) -> bool:
 
 def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective: str | None = None,
               time_limit_s: float | None = None, workers: int | None = None,
-              force: bool = False, quiet: bool = False, deploy_opts=None) -> PlanResult:
-    """Run the stages of the module docstring and write the plan folder ``out``."""
+              force: bool = False, quiet: bool = False, deploy_opts=None,
+              tune_amax: bool = True) -> PlanResult:
+    """Run the stages of the module docstring and write the plan folder ``out`` (``tune_amax``:
+    each GPU's Amax its best integer in the twin, ``optim.amax_tuning``)."""
     from .deploy import DeployOptions, write_deployment
     from .feasibility import twin_lower_bound
     from .methods import MethodOptions, solve
@@ -672,7 +675,9 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
     twin.fleet.show_progress = not quiet
     try:
         p = solve(inst, method, objective=objective,
-                  options=MethodOptions(time_limit_s=time_limit_s), verify=True, workers=workers)
+                  options=MethodOptions(time_limit_s=time_limit_s,
+                                        extra={} if tune_amax else {"tune_amax": False}),
+                  verify=True, workers=workers)
     finally:
         twin.fleet.show_progress = False
     stages["placement and verification"] = time.perf_counter() - t1
@@ -683,6 +688,11 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
                         + "".join(f"; {n}" for n in p.notes))
     say(f"      {p.n_gpus} GPU(s), twin verdict {p.verdict} "
         f"({time.perf_counter() - t1:.1f} s)")
+    tuning = p.params.get("amax_tuning")
+    if tuning:
+        say("      max_loras: " + (
+            f"each GPU's best integer in the twin ({tuning.get('wall_s', 0):.1f} s)"
+            if tuning.get("done") else f"not tuned ({tuning.get('why')})"))
     t2 = time.perf_counter()
     say(f"[3/4] report curves: capacity of {p.n_gpus} GPU(s), max_loras curves of "
         f"{min(CURVE_GPUS, p.n_gpus)} ({CURVE_WINDOW_S:g} s windows)")
