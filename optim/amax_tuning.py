@@ -28,8 +28,9 @@ every one of them: its Amax is the best integer one in the twin. A larger GPU (h
 adapters) takes ``amax_search.twin_best_score``'s integer search (coarse scan, then
 refinement around the best probe), a local best (the packing's own Amax stays when it scores
 higher): the record says which (``exhaustive``). The whole step is skipped, with a note, when its replays would exceed ``MAX_REQUESTS`` simulated
-requests (a deterministic cost cap, the same on every machine), or when adapters are split
-over GPUs (routing then couples the GPUs' draws).
+requests (a deterministic cost cap, the same on every machine), when adapters are split over
+GPUs (routing then couples the GPUs' draws), and under a power budget or the energy objective
+(a GPU's power depends on its Amax, and the packing met them at its own).
 
 The tuned placement is verified again; should the fleet twin reject it (it replays the same
 draws, so it should not), the placement keeps its packing's Amax values and says so.
@@ -121,6 +122,10 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
         return p
     if any(share < 1.0 for g in p.gpus for _, share in g.adapters):
         return _skipped(p, "adapters are split over GPUs (their draws are coupled by routing)")
+    if inst.power_budget_w is not None or p.objective == "energy" \
+            or inst.objective.kind == "energy":
+        return _skipped(p, "a GPU's power depends on its Amax, and the power budget or the "
+                           "energy objective was met at the packing's")
     cost = replays_needed(inst, p.gpus, dur)
     if cost > max_requests:
         return _skipped(p, f"its replays ({cost:.3g} simulated requests) exceed the cap "

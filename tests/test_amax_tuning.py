@@ -116,5 +116,7 @@ def test_tuning_is_skipped_with_its_reason():
     split = Placement(inst.name, "test", "solved", halves).with_(verdict="accepted")
     out = T.tune_amax(inst, split, WINDOW_S, workers=2)     # refused before any replay
     assert "split" in out.params["amax_tuning"]["why"] and out.gpus == split.gpus
+    budget = T.tune_amax(replace(inst, power_budget_w=5_000.0), p, WINDOW_S, workers=2)
+    assert budget.gpus == p.gpus and "power" in budget.params["amax_tuning"]["why"]
     rejected = p.with_(verdict="rejected")
     assert T.tune_amax(inst, rejected, WINDOW_S, workers=2) is rejected
