@@ -143,8 +143,11 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
         return _skipped(p, "the fleet twin rejected the tuned placement; Amax values are the "
                            "packing's")
     changed = [r for r in records if r.after != r.before]
-    note = ("max_loras chosen by the twin over every integer 1..adapters + 1 "
-            f"(changed on {len(changed)} of {len(records)} GPU(s): "
+    searched = sum(1 for r in records if not r.exhaustive)
+    note = ("max_loras chosen by the twin over every integer 1..adapters + 1"
+            + (f" (by the integer search on {searched} GPU(s) of more than {BRUTE_MAX})"
+               if searched else "")
+            + f" (changed on {len(changed)} of {len(records)} GPU(s): "
             + ", ".join(f"gpu {r.gpu} {r.before} -> {r.after}" for r in changed[:6])
             + (", ..." if len(changed) > 6 else "") + ")")
     return cand.with_(notes=cand.notes + (note,),
