@@ -120,3 +120,19 @@ def test_tuning_is_skipped_with_its_reason():
     assert budget.gpus == p.gpus and "power" in budget.params["amax_tuning"]["why"]
     rejected = p.with_(verdict="rejected")
     assert T.tune_amax(inst, rejected, WINDOW_S, workers=2) is rejected
+
+
+def test_an_interrupt_during_tuning_keeps_the_accepted_placement(monkeypatch):
+    """Ctrl-C while the twin tunes: solve raises Interrupted carrying the accepted, untuned
+    placement, which `optim solve --json` then writes (marked interrupted)."""
+    from optim.plan import EXAMPLE_CSV, plan_instance
+    from twin.cli_support import Interrupted
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(T, "tune_amax", stop)
+    inst = plan_instance(EXAMPLE_CSV, duration_s=WINDOW_S)
+    with pytest.raises(Interrupted) as e:
+        solve(inst, "greedy", verify=True, workers=2)
+    assert e.value.partial is not None and e.value.partial.verdict == "accepted"
+    assert "amax_tuning" not in e.value.partial.params
