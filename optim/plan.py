@@ -522,6 +522,19 @@ def _first_command(deploy_files: Sequence[str], out_dir: Path | None) -> str | N
     return "\n".join(body) or None
 
 
+def _tuning_text(rec: dict | None) -> str:
+    """How the GPUs' max_loras were chosen (``optim.amax_tuning``'s record), for the report."""
+    if not rec:
+        return "as the method packed them (not tuned by the twin)"
+    if not rec.get("done"):
+        return f"as the method packed them: {rec.get('why')}"
+    changed = sum(1 for g in rec["gpus"] if g["after"] != g["before"])
+    how = ("every value 1..adapters + 1 replayed" if rec.get("exhaustive")
+           else "every value 1..adapters + 1, or the integer search on the largest GPUs")
+    return (f"each GPU's best integer in the twin ({how} on the GPU's verification draw; "
+            f"{changed} of {len(rec['gpus'])} changed from the packing)")
+
+
 def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCurve],
                     deploy_files: Sequence[str], stages: dict[str, float],
                     out_dir: Path | None = None) -> str:
@@ -534,7 +547,8 @@ def report_markdown(inst: Instance, p: Placement, bound, curves: Sequence[GpuCur
              f"- twin verdict: **{p.verdict or 'unverified'}** over a "
              f"{p.verify_duration_s or inst.duration_s:g} s window (a GPU passes when it serves "
              f"at least {thr:.0%} of its offered tokens and starts without a memory error)",
-             f"- claim: **{claim_text(p, bound)}**", "",
+             f"- claim: **{claim_text(p, bound)}**",
+             f"- max_loras: {_tuning_text(p.params.get('amax_tuning'))}", "",
              "## GPUs", "",
              "| GPU | type | max_loras | max_lora_rank | adapters | offered tok/s | twin tok/s "
              "| twin capacity tok/s | load / capacity |",

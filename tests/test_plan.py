@@ -105,6 +105,9 @@ def test_plan_folder_holds_every_file(small_plan):
     assert rec["claim_text"].startswith("optimal in the twin")
     md = (out / "report.md").read_text()
     assert "optimal in the twin" in md and "report.png" in md and "vllm serve" in md
+    assert "- max_loras: each GPU's best integer in the twin" in md     # optim.amax_tuning
+    assert p.gpus[0].max_loras <= p.gpus[0].n_adapters + 1
+    assert rec["params"]["amax_tuning"]["gpus"][0]["after"] == p.gpus[0].max_loras
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     c = res.curves[0]
     assert p.gpus[0].max_loras in c.amaxes and len(c.amaxes) == len(c.served_share)
