@@ -12,16 +12,9 @@ from surrogates.metrics import mape, smape  # noqa: F401  (DESIGN.md section 6 d
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_ENV = "LORA_SHARED_DATA"
-
-
-def _counting():
-    from optim.registry import MethodOptions
-    # studies that count GPUs: each GPU's Amax is not tuned after acceptance
-    # (optim.amax_tuning; it costs replays and never changes the count)
-    return MethodOptions(extra={"tune_amax": False})
-
-
-COUNTING = _counting()
+# method options of the studies that count GPUs: each GPU's Amax is not tuned after
+# acceptance (optim.amax_tuning; it costs replays and never changes the count)
+COUNTING = {"tune_amax": False}
 
 
 def git_commit(mark_changes: bool = False) -> str:

@@ -83,8 +83,8 @@ def gpus_needed(inst: Instance, method: str, duration_s: float, max_extra: int,
     info = get_method(method)
     t0 = time.perf_counter()
     if not info.fixed_fleet:
-        p = solve(inst, method, options=COUNTING, verify=True, duration_s=duration_s,
-                  workers=workers)
+        p = solve(inst, method, options=MethodOptions(extra=COUNTING), verify=True,
+                  duration_s=duration_s, workers=workers)
         ok = bool(p.gpus) and p.verdict == "accepted" and p.status in ("solved", "optimal",
                                                                        "over_pool")
         bad = sum(1 for g in p.gpus if g.verified and not g.verified.ok)
@@ -110,7 +110,7 @@ def _first_accepted(inst: Instance, method: str, start: int, max_extra: int, dur
     of the first size."""
     bad_first = None
     for tries, n in enumerate(range(start, start + max_extra + 1), start=1):
-        p = solve(inst, method, options=MethodOptions(n_gpus=n, extra=COUNTING.extra),
+        p = solve(inst, method, options=MethodOptions(n_gpus=n, extra=COUNTING),
                   verify=True, duration_s=duration_s, workers=workers)
         if bad_first is None:
             bad_first = sum(1 for g in p.gpus if g.verified and not g.verified.ok)

@@ -113,7 +113,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
         b = lower_bounds(P, lp=True, time_limit_s=min(10.0, time_limit))
         row.update({"lb_l1": b.l1, "lb_l2": b.l2, "lb_lp": None if b.lp is None else round(b.lp, 3),
                     "lower_bound": int(b.best), "twin_lb": lora_gpu_lower_bound(inst, duration)})
-        opts = MethodOptions(time_limit_s=time_limit, extra=COUNTING.extra)
+        opts = MethodOptions(time_limit_s=time_limit, extra=COUNTING)
         for m in ("milp", "cpsat"):
             p = solve(inst, m, objective="gpus", options=opts, verify=True,
                       duration_s=duration, workers=workers)
@@ -127,7 +127,7 @@ def run(quick: bool, time_limit: float, duration: float, out_dir: Path, json_out
             method, extra = HEURISTICS[h]
             try:
                 p = solve(inst, method, objective="gpus",
-                          options=MethodOptions(extra={**COUNTING.extra, **extra}),
+                          options=MethodOptions(extra={**COUNTING, **extra}),
                           verify=True, duration_s=duration, workers=workers)
             except ValueError as e:        # e.g. greedy without a trained surrogate
                 row.update({f"{h}_gpus": None, f"{h}_status": "error", f"{h}_verdict": None,
@@ -200,13 +200,13 @@ def paper_rows(quick: bool, duration: float, workers: int | None,
             continue
         row = {"instance": inst.name, "adapters": len(inst.adapters), "kind": "paper",
                "twin_lb": lora_gpu_lower_bound(inst, duration)}
-        g = solve(inst, "greedy", objective="gpus", options=COUNTING, verify=True,
-                  duration_s=duration, workers=workers)
+        g = solve(inst, "greedy", objective="gpus", options=MethodOptions(extra=COUNTING),
+                  verify=True, duration_s=duration, workers=workers)
         row.update(_row_method(g, "greedy"))
         for m in ("milp", "cpsat"):
             p = solve(inst, m, objective="gpus",
                       options=MethodOptions(time_limit_s=PAPER_TIME_LIMIT_S,
-                                            extra={"incumbent": g, **COUNTING.extra}),
+                                            extra={"incumbent": g, **COUNTING}),
                       verify=True, duration_s=duration, workers=workers)
             row.update(_row_method(p, m))
             row[f"{m}_claim"] = p.params.get("claim")
