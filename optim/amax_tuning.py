@@ -27,9 +27,11 @@ serves the GPU's load, more slots only take KV cache.
 every one of them: its Amax is the best integer one in the twin. A larger GPU (hundreds of
 adapters) takes ``amax_search.twin_best_score``'s integer search (coarse scan, then
 refinement around the best probe), a local best (the packing's own Amax stays when it scores
-higher): the record says which (``exhaustive``). The whole step is skipped, with a note, when its replays would exceed ``MAX_REQUESTS`` simulated
-requests (a deterministic cost cap, the same on every machine), when adapters are split over
-GPUs (routing then couples the GPUs' draws), and under a power budget or the energy objective
+higher): the record says which (``exhaustive``). Where replaying every candidate of every GPU
+would exceed ``MAX_REQUESTS`` simulated requests (a deterministic cost cap, the same on every
+machine: about a minute on two cores), every GPU takes the search instead; the step is skipped,
+with a note, when even that would exceed it, when adapters are split over GPUs (routing then
+couples the GPUs' draws), and under a power budget or the energy objective
 (a GPU's power depends on its Amax, and the packing met them at its own).
 
 The tuned placement is verified again; should the fleet twin reject it (it replays the same
@@ -73,14 +75,16 @@ class TunedGpu:
 
 
 def best_integer_amax(inst: Instance, plan: GpuPlan, seed: int, duration_s: float,
-                      workers: int | None = None) -> tuple[GpuPlan | None, TunedGpu]:
+                      workers: int | None = None, brute_max: int | None = None
+                      ) -> tuple[GpuPlan | None, TunedGpu]:
     """``plan`` at its best integer Amax in the twin (module docstring) with the twin metrics
     of that replay as ``verified``, or None when no Amax is accepted; and the record
-    (``gpu`` is -1: the caller numbers it)."""
+    (``gpu`` is -1: the caller numbers it). Every Amax is replayed up to ``brute_max``
+    candidates (default ``BRUTE_MAX``), the integer search above."""
     top = amax_upper(plan)
     if top < 1:
         return None, TunedGpu(-1, plan.max_loras, plan.max_loras, top, True, -np.inf)
-    if top <= BRUTE_MAX:
+    if top <= (BRUTE_MAX if brute_max is None else brute_max):
         cands = list(range(1, top + 1))
         res = twin_scores(inst, plan, cands, seed, duration_s, workers)
         top_s = max(v for v, _ in res)
@@ -101,12 +105,15 @@ def best_integer_amax(inst: Instance, plan: GpuPlan, seed: int, duration_s: floa
     return best, rec
 
 
-def replays_needed(inst: Instance, gpus: Sequence[GpuPlan], duration_s: float) -> float:
-    """Simulated requests the tuning of ``gpus`` replays (its cost, known before it runs)."""
+def replays_needed(inst: Instance, gpus: Sequence[GpuPlan], duration_s: float,
+                   brute_max: int | None = None) -> float:
+    """Simulated requests the tuning of ``gpus`` replays (its cost, known before it runs) when
+    GPUs of up to ``brute_max`` candidates (default ``BRUTE_MAX``) replay every one."""
+    bm = BRUTE_MAX if brute_max is None else brute_max
     total = 0.0
     for g in gpus:
         top = amax_upper(g)
-        runs = top if top <= BRUTE_MAX else SEARCH_REPLAYS
+        runs = top if top <= bm else SEARCH_REPLAYS
         total += runs * duration_s * g.offered_tps / inst.mean_tokens
     return total
 
@@ -126,14 +133,17 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
             or inst.objective.kind == "energy":
         return _skipped(p, "a GPU's power depends on its Amax, and the power budget or the "
                            "energy objective was met at the packing's")
-    cost = replays_needed(inst, p.gpus, dur)
-    if cost > max_requests:
-        return _skipped(p, f"its replays ({cost:.3g} simulated requests) exceed the cap "
-                           f"({max_requests:.3g}); Amax values are the packing's")
+    brute = BRUTE_MAX
+    if replays_needed(inst, p.gpus, dur) > max_requests:
+        brute = 0                   # too dear exhaustively: the integer search on every GPU
+        cost = replays_needed(inst, p.gpus, dur, brute)
+        if cost > max_requests:
+            return _skipped(p, f"its replays ({cost:.3g} simulated requests) exceed the cap "
+                               f"({max_requests:.3g}); Amax values are the packing's")
     tuned: list[GpuPlan] = []
     records: list[TunedGpu] = []
     for g, plan in enumerate(p.gpus):
-        best, rec = best_integer_amax(inst, plan, inst.seed + g, dur, workers)
+        best, rec = best_integer_amax(inst, plan, inst.seed + g, dur, workers, brute)
         records.append(replace(rec, gpu=g))
         tuned.append(best if best is not None else plan)
     if all(r.after == r.before for r in records):

@@ -116,6 +116,12 @@ def test_tuning_is_skipped_with_its_reason():
     split = Placement(inst.name, "test", "solved", halves).with_(verdict="accepted")
     out = T.tune_amax(inst, split, WINDOW_S, workers=2)     # refused before any replay
     assert "split" in out.params["amax_tuning"]["why"] and out.gpus == split.gpus
+    full, searched = (T.replays_needed(inst, p.gpus, WINDOW_S),
+                      T.replays_needed(inst, p.gpus, WINDOW_S, brute_max=0))
+    assert searched < full                  # a GPU of 27 adapters: 16 replays, not 28
+    mid = T.tune_amax(inst, p, WINDOW_S, workers=2, max_requests=(full + searched) / 2)
+    assert mid.params["amax_tuning"]["done"] and not mid.params["amax_tuning"]["exhaustive"]
+    assert mid.verdict == "accepted"
     budget = T.tune_amax(replace(inst, power_budget_w=5_000.0), p, WINDOW_S, workers=2)
     assert budget.gpus == p.gpus and "power" in budget.params["amax_tuning"]["why"]
     rejected = p.with_(verdict="rejected")
