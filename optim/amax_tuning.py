@@ -50,7 +50,8 @@ from .instance import Instance
 from .placement import GpuMetrics, GpuPlan, Placement
 from .verify import verify
 
-BRUTE_MAX = 64           # candidates up to which every Amax of a GPU is replayed
+BRUTE_MAX = 128          # candidates up to which every Amax of a GPU is replayed (the
+                         # request cap below bounds the cost)
 TIE_RTOL = 1e-3          # scores this close to the best are ties (the smallest Amax wins)
 MAX_REQUESTS = 2e7       # simulated requests one tuning may replay (about a minute on 2 cores)
 SEARCH_REPLAYS = 16      # replays the integer search of a larger GPU is budgeted at
