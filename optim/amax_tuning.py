@@ -89,8 +89,10 @@ def best_integer_amax(inst: Instance, plan: GpuPlan, seed: int, duration_s: floa
         cands = list(range(1, top + 1))
         res = twin_scores(inst, plan, cands, seed, duration_s, workers)
         top_s = max(v for v, _ in res)
+        # (an accepted GPU that draws no request scores inf at every Amax: the smallest wins)
+        tie = top_s - TIE_RTOL * abs(top_s) if np.isfinite(top_s) else top_s
         s, a, m = next((v, amax, met) for amax, (v, met) in zip(cands, res)
-                       if v >= top_s - TIE_RTOL * abs(top_s) and (v >= 1.0 or top_s < 1.0))
+                       if v >= tie and (v >= 1.0 or top_s < 1.0))
         rec = TunedGpu(-1, plan.max_loras, a, top, True, float(s))
         if s < 1.0:
             return None, rec
@@ -156,7 +158,8 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
     changed = [r for r in records if r.after != r.before]
     searched = sum(1 for r in records if not r.exhaustive)
     note = ("max_loras chosen by the twin over every integer 1..adapters + 1"
-            + (f" (by the integer search on {searched} GPU(s) of more than {BRUTE_MAX})"
+            + (f" (by the integer search on {searched} GPU(s): more than {BRUTE_MAX} "
+               "candidates, or every candidate of every GPU would pass the request cap)"
                if searched else "")
             + f" (changed on {len(changed)} of {len(records)} GPU(s): "
             + ", ".join(f"gpu {r.gpu} {r.before} -> {r.after}" for r in changed[:6])
