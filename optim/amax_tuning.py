@@ -40,6 +40,7 @@ draws, so it should not), the placement keeps its packing's Amax values and says
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -130,6 +131,7 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
     dur = float(duration_s if duration_s is not None else inst.duration_s)
     if p.verdict != "accepted" or not p.gpus:
         return p
+    t0 = time.perf_counter()
     if any(share < 1.0 for g in p.gpus for _, share in g.adapters):
         return _skipped(p, "adapters are split over GPUs (their draws are coupled by routing)")
     if inst.power_budget_w is not None or p.objective == "energy" \
@@ -150,7 +152,7 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
         records.append(replace(rec, gpu=g))
         tuned.append(best if best is not None else plan)
     if all(r.after == r.before for r in records):
-        return p.with_(params={**p.params, "amax_tuning": _record(records, True)})
+        return p.with_(params={**p.params, "amax_tuning": _record(records, t0)})
     cand = verify(p.with_(gpus=tuple(tuned)), inst, duration_s=dur, workers=workers)
     if cand.verdict != "accepted":
         return _skipped(p, "the fleet twin rejected the tuned placement; Amax values are the "
@@ -165,12 +167,14 @@ def tune_amax(inst: Instance, p: Placement, duration_s: float | None = None,
             + ", ".join(f"gpu {r.gpu} {r.before} -> {r.after}" for r in changed[:6])
             + (", ..." if len(changed) > 6 else "") + ")")
     return cand.with_(notes=cand.notes + (note,),
-                      params={**cand.params, "amax_tuning": _record(records, True)})
+                      params={**cand.params, "amax_tuning": _record(records, t0)})
 
 
-def _record(records: Sequence[TunedGpu], done: bool) -> dict:
-    return {"done": done, "exhaustive": all(r.exhaustive for r in records),
-            "gpus": [r.to_dict() for r in records]}
+def _record(records: Sequence[TunedGpu], t0: float) -> dict:
+    """``params["amax_tuning"]`` of a tuning that ran (started at ``t0``)."""
+    return {"done": True, "exhaustive": all(r.exhaustive for r in records),
+            "gpus": [r.to_dict() for r in records],
+            "wall_s": round(time.perf_counter() - t0, 3)}
 
 
 def _skipped(p: Placement, why: str) -> Placement:

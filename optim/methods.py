@@ -126,18 +126,14 @@ def solve(inst: Instance, method: str, objective: str | Objective | None = None,
     if verify and p.gpus and p.verdict is None:
         p = twin_verify(p, inst, duration_s=duration_s, workers=workers)
     if verify and p.verdict == "accepted" and options.extra.get("tune_amax", True) \
-            and not any(t.capacity_tps is not None for t in inst.gpu_types):
+            and not any(t.constant_capacity for t in inst.gpu_types):
         from twin.cli_support import Interrupted
 
         from .amax_tuning import tune_amax       # constant-capacity types: no twin to ask
-        t1 = time.perf_counter()
         try:
             p = tune_amax(inst, p, duration_s, workers)
         except KeyboardInterrupt as e:           # Ctrl-C: the accepted placement, untuned
             raise Interrupted(agree_claim(p), "max_loras tuning interrupted") from e
-        if "amax_tuning" in p.params:
-            p = p.with_(params={**p.params, "amax_tuning": {
-                **p.params["amax_tuning"], "wall_s": round(time.perf_counter() - t1, 3)}})
     line = homes_line(p)
     if line:
         p = p.with_(notes=p.notes + (line,))
