@@ -52,8 +52,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-CLASS_VERSION = 4           # bump when the search changes (results are cached on disk)
-CLASS_SOUND_VERSIONS = (1, 2, 3, 4)   # versions whose cached exclusions still hold (proofs)
+CLASS_VERSION = 5           # bump when the search changes (results are cached on disk)
+CLASS_SOUND_VERSIONS = (1, 2, 3, 4, 5) # versions whose cached exclusions still hold (proofs)
 CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
                             # every check is cached, so a larger one resumes)
 MAX_CLASSES = 24            # load classes beyond this: not applicable

@@ -46,16 +46,30 @@ def search_max(score: Callable[[list[int]], Sequence[float]], hi: int,
 
     run(coarse_probes(hi, k))
     while True:
-        pts = sorted(seen)
-        c = max(pts, key=lambda x: (seen[x], -x))
-        i = pts.index(c)
-        lo = pts[i - 1] if i > 0 else None
-        hi_n = pts[i + 1] if i + 1 < len(pts) else None
-        todo = [(lo + c) // 2] if lo is not None and c - lo > 1 else []
-        todo += [(c + hi_n + 1) // 2] if hi_n is not None and hi_n - c > 1 else []
+        todo = refinement(seen)
         if not todo:
+            c = best_point(seen)
             return c, seen[c], seen
         run(todo)
 
 
-__all__ = ["COARSE_PROBES", "coarse_probes", "search_max"]
+def best_point(seen: dict[int, float]) -> int:
+    """The evaluated integer of highest value (ties: the smaller)."""
+    return max(seen, key=lambda x: (seen[x], -x))
+
+
+def refinement(seen: dict[int, float]) -> list[int]:
+    """The next integers ``search_max`` evaluates given the values ``seen``: with ``c`` the best
+    point and ``l < c < r`` its nearest evaluated neighbours, the midpoints of (l, c) and (c, r)
+    (none once they are ``c - 1`` and ``c + 1`` or the ends)."""
+    pts = sorted(seen)
+    c = best_point(seen)
+    i = pts.index(c)
+    lo = pts[i - 1] if i > 0 else None
+    hi_n = pts[i + 1] if i + 1 < len(pts) else None
+    todo = [(lo + c) // 2] if lo is not None and c - lo > 1 else []
+    todo += [(c + hi_n + 1) // 2] if hi_n is not None and hi_n - c > 1 else []
+    return todo
+
+
+__all__ = ["best_point", "refinement", "COARSE_PROBES", "coarse_probes", "search_max"]

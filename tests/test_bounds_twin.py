@@ -138,3 +138,38 @@ def test_count_limit_is_the_best_over_every_integer_amax():
             for a in range(1, n + 2)]
     ok = _unstarved(load_profile(LLAMA), 8, n, jobs, default_lengths(), DUR, 0.9, None)
     assert not any(ok), [j for j, good in zip(jobs, ok) if good]
+
+
+def _edge_inst(n: int, spread: float, seed: int, load: float):
+    ads = _gpu(n, spread, seed, load)
+    return instance_from_dict({
+        "name": "edge", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
+        "gpus": [{"name": "h100", "profile": LLAMA, "count": 1}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+
+
+@pytest.mark.parametrize("n,spread,seed,loads", [
+    (16, 0.5, 0, (16200, 16400, 16600, 16800)),
+    (40, 0.8, 1, (14000, 14100, 14150, 14200, 14400))])
+def test_gpus_gpu_excluded_fails_fail_at_fresh_seeds(n, spread, seed, loads, tmp_path,
+                                                      monkeypatch):
+    """``gpu_excluded``'s spread margin (each bound seed's own best Amax) against draws it never
+    saw: GPUs of ``n`` rank-8 adapters at loads across the edge of acceptance; every one it
+    excludes scores below 1 at every Amax with each of 12 fresh seeds (100-111), and the sweep
+    holds both verdicts (the edge lies inside it)."""
+    from optim.amax_search import amax_upper, twin_scores
+    from optim.feasibility import gpu_excluded
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    verdicts = []
+    for load in loads:
+        inst = _edge_inst(n, spread, seed, float(load))
+        excluded = gpu_excluded(inst, inst.adapters, 8, DUR, workers=2)
+        verdicts.append(excluded)
+        if not excluded:
+            continue
+        plan = plan_gpu("h100", LLAMA, 1, [(a, 1.0) for a in inst.adapters], inst.mean_tokens, 8)
+        xs = list(range(1, amax_upper(plan) + 1))
+        for s in range(100, 112):
+            best = max(v for v, _ in twin_scores(inst, plan, xs, s, DUR, 2))
+            assert best < 1.0, (load, s, best)
+    assert any(verdicts) and not all(verdicts), verdicts

@@ -152,3 +152,37 @@ def test_the_amax_search_keeps_the_gpus_power_cap():
                                            offered_tps=capped.offered_tps / 8), inst.seed,
                              WINDOW, 1)
     assert best is not None and best.power_cap_w == 200.0
+
+
+def test_refinement_is_search_max_step():
+    from optim.integer_search import refinement
+    seen = {1: 0.1, 10: 0.5, 20: 0.9, 30: 0.4}
+    assert refinement(seen) == [15, 25]
+    seen.update({15: 0.2, 25: 0.3, 17: 0.1, 23: 0.1, 18: 0.1, 22: 0.1, 19: 0.1, 21: 0.1})
+    assert refinement(seen) == []
+
+
+def test_seed_bests_find_each_seed_hump_from_the_band(monkeypatch):
+    """``_seed_bests``: a bimodal curve whose higher hump moves with the seed; every seed's
+    search starts from the candidates and ends at its own best, including a dent beside it."""
+    import optim.amax_search as A
+    from optim.feasibility import _seed_bests
+
+    def curve(a: int, s: int) -> float:
+        h1 = 0.95 - 0.01 * abs(a - 10)
+        h2 = 0.96 + 0.005 * s - 0.01 * abs(a - (30 + s))
+        dent = -0.05 if a == 30 + s - 1 else 0.0
+        return max(h1, h2 + dent)
+
+    calls = []
+
+    def fake(inst, plan, amaxes, seed, duration_s, workers=None, stop_below=None):
+        seeds = [seed] * len(amaxes) if isinstance(seed, int) else list(seed)
+        calls.append(len(amaxes))
+        return [(curve(a, s), None) for a, s in zip(amaxes, seeds)]
+
+    monkeypatch.setattr(A, "twin_scores", fake)
+    got = _seed_bests(None, None, [9, 10, 11, 29, 30, 31], 60, [0, 1, 2, 3], 300.0, 1)
+    want = [max(curve(a, s) for a in range(1, 61)) for s in range(4)]
+    assert got == pytest.approx(want)
+    assert sum(calls) < 4 * 60                  # a search, not every Amax
