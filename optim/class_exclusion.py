@@ -1,6 +1,6 @@
 """Excluding k GPUs by the load classes every GPU draws from: a twin-sound lower-bound step.
 
-**Setting.** The adapters of one rank fall into few *load classes* (every adapter of a class
+**Setting.** The adapters fall into few *load classes* (every adapter of a class
 offers the same load; the paper instances have 5-10 rate classes of 12-77 adapters each).
 Sort the classes heaviest first: class ``j`` offers ``w_j`` tok/s per adapter and has ``s_j``
 adapters. Up to which adapters of a class it holds, a GPU is its vector ``c`` of class counts,
@@ -40,9 +40,15 @@ budget resumes where a smaller one stopped.
 
 The first solve, before any check, uses the caps and the supply alone: it excludes k GPUs
 where the count-partition bound (``count_bound``) lets every GPU take the heaviest adapters at
-once. That part needs no order of failures, so it runs with several ranks too (loads grouped
-regardless of rank; the caps, measured at the smallest rank, bound every rank); the checked
-search needs one rank (with several, the dominance would need the ranks' order too).
+once. That part needs no order of failures (loads grouped regardless of rank; the caps,
+measured at the smallest rank, bound every rank).
+
+**Several ranks.** The classes are of load alone, and every GPU is checked with its adapters at
+the instance's smallest rank (``feasibility._least_work_check``): a GPU holding the same loads
+at higher ranks (server rank its largest) does more LoRA work per step and has less KV cache,
+so it fails where that one does (``tests/test_bounds_twin.py`` measures the premise near the
+edge of acceptance). An instance is then excluded on k GPUs whenever the one-rank instance of
+the same loads is: the search and its checks are the same.
 """
 
 from __future__ import annotations

@@ -993,10 +993,11 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
                         max_checks: int | None = None) -> bool:
     """True when no twin-accepted placement of ``inst`` (each adapter whole on one GPU) uses
     ``k`` GPUs, shown by its load classes (``optim.class_exclusion``): first the count-aware
-    caps and the classes' supply alone (no twin check, any ranks: cheap, so also on a solve's
-    path), then, with one rank, the checked search (every GPU a vector of class counts,
-    failures cut every vector that spreads them, :func:`gpu_excluded` with its spread margin,
-    same premises as the supply steps) with ``max_checks`` GPU checks (default
+    caps and the classes' supply alone (no twin check: cheap, so also on a solve's path), then
+    the checked search (every GPU a vector of class counts, failures cut every vector that
+    spreads them, :func:`gpu_excluded` with its spread margin at the smallest rank, same
+    premises as the supply steps: with several ranks, the loads alone decide, every adapter
+    taken at the smallest rank) with ``max_checks`` GPU checks (default
     ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default). Cached on
     disk."""
     from .class_exclusion import (CLASS_CHECKS, CLASS_SOUND_VERSIONS, CLASS_VERSION,
@@ -1021,12 +1022,9 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
                                             0 if fails is None else int(budget),
                                             progress=progress, trace=trace))
 
-    one_rank = len({a.rank for a in inst.adapters}) == 1
     # an exclusion cached by any sound version stands; a "not shown" only the current one's
-    # (with several ranks the caps stage is all there is)
-    stages = ["caps"] + (list(dict.fromkeys((CLASS_CHECKS, checks))) if one_rank else [])
-    hit = _cached_exclusion([(key(budget, v), v == CLASS_VERSION
-                              and (budget == checks or not one_rank))
+    stages = ["caps"] + list(dict.fromkeys((CLASS_CHECKS, checks)))
+    hit = _cached_exclusion([(key(budget, v), v == CLASS_VERSION and budget == checks)
                              for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
                              for budget in stages])
     if hit is not None:
@@ -1042,8 +1040,10 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
 
     if _cached_exclusion([(key("caps"), True)]) is None and search("caps", None):
         return True
-    if not one_rank or checks <= 0:
+    if checks <= 0:
         return False
+    # every GPU checked with its adapters at the smallest rank (the least work: a GPU of
+    # higher ranks at the same loads fails where that one does), so ranks add no order
     check = _least_work_check(inst, duration_s, workers)
     return search(checks, lambda v: check(np.asarray(v)))
 
@@ -1074,7 +1074,7 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
     last, every GPU's vector of load-class counts (``class_gpus_excluded``: the caps and the
-    supply alone, then with one rank ``class_exclusion.CLASS_CHECKS`` GPU checks where
+    supply alone, then ``class_exclusion.CLASS_CHECKS`` GPU checks where
     ``supply_checks`` > 0), the supply of the heaviest adapters (``supply_gpus_excluded``), and
     for two GPUs that of the two heaviest load classes (``pair_supply_gpus_excluded``), each
     with ``supply_checks`` GPU checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies

@@ -161,8 +161,8 @@ def test_a_certificate_runs_the_class_exclusion_with_the_studys_budget(monkeypat
 
 def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     """The checked search: a study's success holds for a solve, a smaller budget's failure does
-    not; the caps-only stage runs first (also on a solve's path, it replays nothing), and with
-    several ranks it is all that runs."""
+    not; the caps-only stage runs first (also on a solve's path, it replays nothing); with
+    several ranks the checked search runs too, every GPU checked at the smallest rank."""
     from types import SimpleNamespace
 
     import optim.class_exclusion as C
@@ -184,13 +184,24 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     assert_study_cache_rule(lambda **kw: F.class_gpus_excluded(inst, 3, 120.0, **kw),
                             C.CLASS_CHECKS, budgets)
     assert caps_only == [3]                       # once: its "not shown" is cached
-    # several ranks: the caps-only stage alone (the dominance would need the ranks' order)
+    # several ranks: the checked search too, its GPUs at the smallest rank
     two = instance_from_dict({**inst.to_dict(), "adapters": [
         {"id": f"a{i:03d}", "rank": (8, 16)[i % 2], "rate": (2.0, 1.0, 0.5)[i % 3]}
         for i in range(24)]})
-    assert F.class_gpus_excluded(two, 3, 120.0) is False and len(budgets) == 2
-    assert caps_only == [3, 3]
-    assert F.class_gpus_excluded(two, 3, 120.0) is False and caps_only == [3, 3]   # cached
+    checked = []
+    monkeypatch.setattr(F, "gpu_excluded", lambda inst_, ads, rank, *a, **k:
+                        checked.append((rank, {x.rank for x in ads})) or True)
+    real = C.class_excluded
+
+    def probe(loads, k, cap_of, fails, checks, progress=None, trace=None):
+        if fails is not None:
+            fails(list(loads[:3]))
+        return fake(loads, k, cap_of, fails, checks, progress, trace)
+    monkeypatch.setattr(C, "class_excluded", probe)
+    assert F.class_gpus_excluded(two, 3, 120.0) is True and len(budgets) == 3
+    assert caps_only == [3, 3] and checked == [(8, {8})]
+    assert F.class_gpus_excluded(two, 3, 120.0) is True and caps_only == [3, 3]   # cached
+    monkeypatch.setattr(C, "class_excluded", real)
     # where the caps and the supply alone exclude k, no GPU is checked
     monkeypatch.setattr(C, "class_excluded",
                         lambda loads, k, cap_of, fails, checks, progress=None, trace=None:
