@@ -43,12 +43,15 @@ where the count-partition bound (``count_bound``) lets every GPU take the heavie
 once. That part needs no order of failures (loads grouped regardless of rank; the caps,
 measured at the smallest rank, bound every rank).
 
-**Several ranks.** The classes are of load alone, and every GPU is checked with its adapters at
-the instance's smallest rank (``feasibility._least_work_check``): a GPU holding the same loads
-at higher ranks (server rank its largest) does more LoRA work per step and has less KV cache,
-so it fails where that one does (``tests/test_bounds_twin.py`` measures the premise near the
-edge of acceptance). An instance is then excluded on k GPUs whenever the one-rank instance of
-the same loads is: the search and its checks are the same.
+**Several ranks.** Classes are of load and rank tier (equal load, equal rank), and a GPU runs
+at the server rank of the largest rank it holds (``h_it``: GPU i holds tier t or above). It is
+checked at that server rank with its adapters at the instance's smallest rank (the least work
+there: the adapter's own rank only changes its load time; ``tests/test_bounds_twin.py``
+measures that premise near the edge of acceptance, where both score alike), and a failure at
+server rank R cuts the GPUs that spread it *and* hold rank R or above (a higher server rank
+adds LoRA work per step and takes KV cache): the cut gains the literal ``not h_{i,t(R)}``.
+Without the tiers (every GPU at the smallest rank) the search is that of the one-rank instance
+of the same loads, which is weaker: it lets a GPU of rank-32 adapters pass as if rank 8.
 """
 
 from __future__ import annotations
@@ -58,11 +61,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-CLASS_VERSION = 5           # bump when the search changes (results are cached on disk)
-CLASS_SOUND_VERSIONS = (1, 2, 3, 4, 5) # versions whose cached exclusions still hold (proofs)
+CLASS_VERSION = 6           # bump when the search changes (results are cached on disk)
+CLASS_SOUND_VERSIONS = (1, 2, 3, 4, 5, 6) # versions whose cached exclusions still hold (proofs)
 CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
                             # every check is cached, so a larger one resumes)
-MAX_CLASSES = 24            # load classes beyond this: not applicable
+MAX_CLASSES = 32            # (load, rank tier) classes beyond this: not applicable
 MASTER_TIME_S = 10.0        # CP-SAT deterministic time per master solve (about seconds; a
                             # solve that finds no split in it shows nothing)
 LOAD_UNITS = 1000           # loads in the model: integer milli-tok/s
@@ -77,11 +80,24 @@ MAX_ROUNDS = 2000           # master solves (a round whose GPUs a known failure 
 
 @dataclass(frozen=True)
 class LoadClasses:
-    """Classes of equal load, heaviest first: ``loads[j]`` tok/s per adapter, ``supply[j]``
-    adapters."""
+    """Classes of equal load (and rank tier), heaviest first: ``loads[j]`` tok/s per adapter,
+    ``supply[j]`` adapters, ``tiers[j]`` the index of their rank among the instance's ranks
+    (0: the smallest; empty: one rank)."""
 
     loads: tuple[float, ...]
     supply: tuple[int, ...]
+    tiers: tuple[int, ...] = ()
+
+    def tier(self, j: int) -> int:
+        return self.tiers[j] if self.tiers else 0
+
+    @property
+    def n_tiers(self) -> int:
+        return max(self.tiers) + 1 if self.tiers else 1
+
+    def vector_tier(self, c: Sequence[int]) -> int:
+        """The highest rank tier a GPU of class counts ``c`` holds (its server rank's)."""
+        return max((self.tier(j) for j, k in enumerate(c) if k), default=0)
 
     @property
     def n(self) -> int:
@@ -92,17 +108,25 @@ class LoadClasses:
         return [w for w, k in zip(self.loads, c) for _ in range(int(k))]
 
 
-def load_classes(loads: Sequence[float], rtol: float = 1e-9) -> LoadClasses:
-    """Group ``loads`` (tok/s) into classes of equal load (relative tolerance ``rtol``)."""
+def load_classes(loads: Sequence[float], ranks: Sequence[int] | None = None,
+                 rtol: float = 1e-9) -> LoadClasses:
+    """Group ``loads`` (tok/s) into classes of equal load (relative tolerance ``rtol``) and, with
+    ``ranks`` (one per load) of several values, equal rank tier; heaviest first, the higher
+    tier first among equal loads."""
+    levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [0]
+    tier_of = {r: t for t, r in enumerate(levels)}
+    ts = [tier_of[int(r)] for r in ranks] if ranks is not None else [0] * len(loads)
     vals: list[float] = []
     counts: list[int] = []
-    for x in sorted((float(v) for v in loads), reverse=True):
-        if vals and abs(vals[-1] - x) <= rtol * max(abs(x), 1.0):
+    tiers: list[int] = []
+    for x, t in sorted(((float(v), t) for v, t in zip(loads, ts)), reverse=True):
+        if vals and tiers[-1] == t and abs(vals[-1] - x) <= rtol * max(abs(x), 1.0):
             counts[-1] += 1
         else:
             vals.append(x)
             counts.append(1)
-    return LoadClasses(tuple(vals), tuple(counts))
+            tiers.append(t)
+    return LoadClasses(tuple(vals), tuple(counts), tuple(tiers) if len(levels) > 1 else ())
 
 
 def spreads(c: Sequence[float], f: Sequence[float], rtol: float = 1e-9) -> bool:
@@ -177,6 +201,13 @@ class _Master:
             m.Add(sum(self.c[i][j] for i in range(k)) == cls.supply[j])
         for i in range(k - 1):
             m.Add(self.load[i] >= self.load[i + 1])
+        # h[i][t]: GPU i may hold adapters of rank tier t or above (it must where it does)
+        self.h = [[None] + [m.NewBoolVar(f"h{i}_{t}") for t in range(1, cls.n_tiers)]
+                  for i in range(k)]
+        for i in range(k):
+            for j in range(J):
+                for t in range(1, cls.tier(j) + 1):
+                    m.Add(self.c[i][j] <= cls.supply[j] * self.h[i][t])
         self._caps(cap_of)
         m.Minimize(self.load[0])
 
@@ -200,8 +231,9 @@ class _Master:
                 self.m.Add(self.count[i] <= n - 1).OnlyEnforceIf(b.Not())
                 self.m.Add(self.load[i] <= ub).OnlyEnforceIf(b)
 
-    def cut(self, f: Sequence[int]) -> None:
-        """No GPU ``spreads`` the failing vector ``f``. With ``B_q(x)`` the load of ``x``
+    def cut(self, f: Sequence[int], tier: int = 0) -> None:
+        """No GPU holding rank tier ``tier`` or above (its server rank at least the one ``f``
+        failed at) ``spreads`` the failing vector ``f``. With ``B_q(x)`` the load of ``x``
         without its ``q`` heaviest adapters, ``c`` spreads ``f`` iff ``n(c) >= n(f)`` and
         ``B_q(c) >= B_q(f)`` for every q (both piecewise linear in q, so at the breakpoints of
         either: f's prefix counts, a constant q, and c's, where ``B`` is c's load in its lighter
@@ -215,6 +247,8 @@ class _Master:
         for i in range(self.k):
             lits = [m.NewBoolVar("")]
             m.Add(self.count[i] <= nf - 1).OnlyEnforceIf(lits[0])
+            if tier > 0:
+                lits.append(self.h[i][tier].Not())
             for q in qs:
                 z = m.NewBoolVar("")
                 m.Add(self._without_top(i, q) <= table[q] - 1).OnlyEnforceIf(z)
@@ -280,51 +314,58 @@ class _Master:
 
 
 def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float],
-                   fails: Callable[[list[float]], bool] | None, max_checks: int = CLASS_CHECKS,
+                   fails: Callable[..., bool] | None, max_checks: int = CLASS_CHECKS,
                    progress: Callable[[str], None] | None = None,
-                   trace: dict | None = None) -> bool:
+                   trace: dict | None = None, ranks: Sequence[int] | None = None) -> bool:
     """True when no k GPUs can hold adapters of these ``loads`` (tok/s) with every GPU passing
     (module docstring). ``cap_of(n)``: the most load an accepted GPU of exactly ``n`` adapters
     carries (``inf`` where unknown); ``fails(loads)``: the twin check of one GPU
     (``feasibility.gpu_excluded`` on adapters of those loads), or None: the caps and the supply
     alone, one model solve and no twin check (``max_checks`` is then ignored; it needs no
-    dominance order, so it holds with several ranks too). At most ``max_checks`` calls of
+    dominance order, so it holds with several ranks too). ``ranks`` (one per load, several
+    values): classes by load and rank tier, and ``fails(loads, rank)`` checks a GPU at server
+    rank ``rank`` (the largest it holds; its adapters at the smallest); a failure at a rank cuts
+    the GPUs that spread it and hold that rank or a larger one. At most ``max_checks`` calls of
     ``fails``; ``progress`` is called after each. ``trace`` (a dict) receives how the search
     ended: ``why``, the ``checks`` and ``rounds`` spent, the ``cuts`` and, when a proposed split
     passed, its vectors (``passing``, class counts heaviest class first)."""
-    cls = load_classes(loads)
+    cls = load_classes(loads, ranks)
+    levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [None]
     trace = {} if trace is None else trace
     if k < 1 or len(cls.loads) > MAX_CLASSES:
         trace["why"] = "not applicable"
         return False
     master = _Master(cls, k, cap_of)
-    cuts: list[list[int]] = []
+    cuts: list = []             # vectors; with several ranks {"vector", "rank"}
 
     def end(why: str, out: bool, rounds: int, passing=None) -> bool:
         trace.update(why=why, checks=used, rounds=rounds, cuts=cuts,
                      classes=[round(w, 6) for w in cls.loads], supply=list(cls.supply))
+        if cls.tiers:
+            trace.update(tiers=list(cls.tiers), ranks=levels)
         if passing is not None:
             trace["passing"] = passing
         return out
-    passed: set[tuple[int, ...]] = set()
-    failed: list[list[int]] = []        # every vector shown failing (the cuts among them)
+    passed: set[tuple[tuple[int, ...], int]] = set()
+    failed: list[tuple[list[int], int]] = []  # every vector shown failing, at its tier
     used = 0
 
-    def check(c: list[int]) -> bool:
+    def check(c: list[int], tier: int) -> bool:
+        """``c`` fails at server rank tier ``tier``."""
         nonlocal used
-        key = tuple(c)
+        key = (tuple(c), tier)
         if key in passed:
             return False
         v = cls.vector_loads(c)
-        if any(spreads(v, cls.vector_loads(f)) for f in failed):     # dominance included
-            failed.append(list(c))
+        if any(t <= tier and spreads(v, cls.vector_loads(f)) for f, t in failed):
+            failed.append((list(c), tier))                      # dominance included
             return True
         used += 1
-        out = bool(fails(v))
+        out = bool(fails(v) if levels == [None] else fails(v, levels[tier]))
         if progress is not None:
             progress(f"{sum(c)} adapters: {'fails' if out else 'passes'}")
         if out:
-            failed.append(list(c))
+            failed.append((list(c), tier))
         else:
             passed.add(key)
         return out
@@ -345,17 +386,19 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
             return end("the model found no split within its limit", False, rounds)
         cut = None
         for c in gpus:
-            if sum(c) == 0 or tuple(c) in passed:
+            tier = cls.vector_tier(c)
+            if sum(c) == 0 or (tuple(c), tier) in passed:
                 continue
             if used >= max_checks:
                 return end("check budget spent", False, rounds)
-            if check(c):
-                cut = shrink(c, lambda v: used < max_checks and check(v))
+            if check(c, tier):
+                # shrunk at the same server rank: its lightest adapters dropped
+                cut = (shrink(c, lambda v: used < max_checks and check(v, tier)), tier)
                 break
         if cut is None:     # every proposed GPU passes: this split may be accepted
             return end("a proposed split passes every check", False, rounds, gpus)
-        cuts.append(cut)
-        master.cut(cut)
+        cuts.append(cut[0] if not cls.tiers else {"vector": cut[0], "rank": levels[cut[1]]})
+        master.cut(*cut)
     return end("round limit", False, MAX_ROUNDS)
 
 

@@ -995,16 +995,18 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     ``k`` GPUs, shown by its load classes (``optim.class_exclusion``): first the count-aware
     caps and the classes' supply alone (no twin check: cheap, so also on a solve's path), then
     the checked search (every GPU a vector of class counts, failures cut every vector that
-    spreads them, :func:`gpu_excluded` with its spread margin at the smallest rank, same
-    premises as the supply steps: with several ranks, the loads alone decide, every adapter
-    taken at the smallest rank) with ``max_checks`` GPU checks (default
+    spreads them, :func:`gpu_excluded` with its spread margin, same premises as the supply
+    steps; with several ranks, classes of load and rank, every GPU checked at the server rank
+    of the largest rank it holds with its adapters at the smallest) with ``max_checks`` GPU
+    checks (default
     ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default). Cached on
     disk."""
     from .class_exclusion import (CLASS_CHECKS, CLASS_SOUND_VERSIONS, CLASS_VERSION,
                                   MAX_CLASSES, class_excluded, load_classes)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     loads = [inst.load_tps(a) for a in inst.adapters]
-    if k < 2 or not 2 <= len(load_classes(loads).loads) <= MAX_CLASSES:
+    ranks = [a.rank for a in inst.adapters]
+    if k < 2 or not 2 <= len(load_classes(loads, ranks).loads) <= MAX_CLASSES:
         return False
     checks = CLASS_CHECKS if max_checks is None else int(max_checks)
     r0 = _smallest_rank(inst)
@@ -1020,7 +1022,7 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
             {"k": int(k), "duration_s": float(duration_s), "search": trace},
             lambda progress: class_excluded(loads, k, cap_of, fails,
                                             0 if fails is None else int(budget),
-                                            progress=progress, trace=trace))
+                                            progress=progress, trace=trace, ranks=ranks))
 
     # an exclusion cached by any sound version stands; a "not shown" only the current one's
     stages = ["caps"] + list(dict.fromkeys((CLASS_CHECKS, checks)))
@@ -1042,10 +1044,10 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
         return True
     if checks <= 0:
         return False
-    # every GPU checked with its adapters at the smallest rank (the least work: a GPU of
-    # higher ranks at the same loads fails where that one does), so ranks add no order
+    # every GPU checked at the server rank of the largest rank it holds, its adapters at the
+    # smallest rank (the least work there: the GPU at its own ranks fails where that one does)
     check = _least_work_check(inst, duration_s, workers)
-    return search(checks, lambda v: check(np.asarray(v)))
+    return search(checks, lambda v, rank=r0: check(np.asarray(v), rank))
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,

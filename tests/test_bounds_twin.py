@@ -178,10 +178,11 @@ def test_gpus_gpu_excluded_fails_fail_at_fresh_seeds(n, spread, seed, loads, tmp
 @pytest.mark.parametrize("n,load,seed", [(12, 15500.0, 0), (24, 14500.0, 1), (40, 13500.0, 2)])
 def test_mixed_rank_gpus_at_the_smallest_rank_score_no_worse(n, load, seed):
     """The premise of the class step on mixed ranks (``class_gpus_excluded`` checks every GPU
-    with its adapters at the instance's smallest rank): GPUs of ``n`` adapters of ranks
-    8 / 16 / 32 near the edge of acceptance score no better at their own ranks (server rank their
-    largest) than the same adapters at rank 8 (best score over every Amax, mean over 4 seeds,
-    within two standard errors)."""
+    at the server rank of its largest adapter rank, its adapters at the instance's smallest):
+    GPUs of ``n`` adapters of ranks 8 / 16 / 32 near the edge of acceptance score no better at
+    their own ranks (server rank their largest) than the same adapters at rank 8, at server
+    rank 8 or at their largest (best score over every Amax, mean over 4 seeds, within two
+    standard errors)."""
     from optim.amax_search import amax_upper, twin_scores
     rng = np.random.default_rng(seed)
     w = 1.0 - 0.6 * rng.random(n)
@@ -199,7 +200,10 @@ def test_mixed_rank_gpus_at_the_smallest_rank_score_no_worse(n, load, seed):
         return np.array([max(v for v, _ in twin_scores(inst, plan, xs, s, DUR, 2))
                          for s in range(4)])
 
-    relaxed, own = best(low, 8), best(real, max(a.rank for a in real))
-    se = np.sqrt((relaxed.var(ddof=1) + own.var(ddof=1)) / 4)
-    assert relaxed.mean() >= own.mean() - 2 * se, (relaxed, own)
+    top = max(a.rank for a in real)
+    own = best(real, top)
     assert 0.9 < own.mean() < 1.1, own          # near the edge: the premise is tested there
+    # the one-rank relaxation, and the rank-tier one (server rank kept, adapters at rank 8)
+    for relaxed in (best(low, 8), best(low, top)):
+        se = np.sqrt((relaxed.var(ddof=1) + own.var(ddof=1)) / 4)
+        assert relaxed.mean() >= own.mean() - 2 * se, (relaxed, own)

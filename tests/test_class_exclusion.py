@@ -173,7 +173,7 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
     budgets, caps_only = [], []
 
-    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None):
+    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None):
         assert C.load_classes(loads).supply == (8, 8, 8) and cap_of(5) == 1e9
         if fails is None:
             caps_only.append(k)
@@ -184,7 +184,7 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     assert_study_cache_rule(lambda **kw: F.class_gpus_excluded(inst, 3, 120.0, **kw),
                             C.CLASS_CHECKS, budgets)
     assert caps_only == [3]                       # once: its "not shown" is cached
-    # several ranks: the checked search too, its GPUs at the smallest rank
+    # several ranks: the checked search too, at the GPU's largest rank, adapters at the smallest
     two = instance_from_dict({**inst.to_dict(), "adapters": [
         {"id": f"a{i:03d}", "rank": (8, 16)[i % 2], "rate": (2.0, 1.0, 0.5)[i % 3]}
         for i in range(24)]})
@@ -193,19 +193,20 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
                         checked.append((rank, {x.rank for x in ads})) or True)
     real = C.class_excluded
 
-    def probe(loads, k, cap_of, fails, checks, progress=None, trace=None):
+    def probe(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None):
+        assert sorted(set(ranks)) == [8, 16]
         if fails is not None:
-            fails(list(loads[:3]))
+            fails(list(loads[:3]), 16)
         return fake(loads, k, cap_of, fails, checks, progress, trace)
     monkeypatch.setattr(C, "class_excluded", probe)
     assert F.class_gpus_excluded(two, 3, 120.0) is True and len(budgets) == 3
-    assert caps_only == [3, 3] and checked == [(8, {8})]
+    assert caps_only == [3, 3] and checked == [(16, {8})]   # server rank 16, adapters at 8
     assert F.class_gpus_excluded(two, 3, 120.0) is True and caps_only == [3, 3]   # cached
     monkeypatch.setattr(C, "class_excluded", real)
     # where the caps and the supply alone exclude k, no GPU is checked
     monkeypatch.setattr(C, "class_excluded",
-                        lambda loads, k, cap_of, fails, checks, progress=None, trace=None:
-                        fails is None or pytest.fail("checked search ran"))
+                        lambda loads, k, cap_of, fails, checks, progress=None, trace=None,
+                        ranks=None: fails is None or pytest.fail("checked search ran"))
     assert F.class_gpus_excluded(inst, 2, 120.0, max_checks=0) is True
     assert F.class_gpus_excluded(two, 2, 120.0, max_checks=0) is True
 
@@ -301,3 +302,52 @@ def test_caps_that_rise_then_fall_with_the_count_stay_sound(seed):
         return False
     feasible = _feasible(w, supply, k, never, cap)
     assert not (class_excluded(loads, k, cap, never, max_checks=50) and feasible)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_rank_tiers_never_exclude_a_feasible_k_and_prove_most_infeasible_ones(seed):
+    """Several ranks: classes of (load, rank), every GPU checked at the largest rank it holds.
+    In an oracle world meeting the premises (a GPU fails when a Schur-concave cost of its loads,
+    scaled up with its server rank, passes a limit), the search never excludes a k that brute
+    force serves, and shows every one it cannot."""
+    rng = np.random.default_rng(500 + seed)
+    levels = [8, 16, 32][:int(rng.integers(2, 4))]
+    J = int(rng.integers(2, 4))
+    loads_by = sorted((float(x) for x in rng.choice([1, 2, 4, 8], J, replace=False)),
+                      reverse=True)
+    loads, ranks = [], []
+    for w in loads_by:
+        for r in levels:
+            for _ in range(int(rng.integers(0, 3))):
+                loads.append(w)
+                ranks.append(int(r))
+    if len(set(ranks)) < 2:
+        loads += [loads_by[-1], loads_by[0]]
+        ranks += [levels[0], levels[-1]]
+    k = int(rng.integers(2, 4))
+    scale = {8: 1.0, 16: 1.15, 32: 1.3}
+    limit = float(np.sum(np.sqrt(loads))) / k * float(rng.uniform(0.9, 1.5))
+
+    def fails(v, rank):
+        return float(np.sum(np.sqrt(v))) * scale[rank] > limit
+
+    cls = load_classes(loads, ranks)
+    tiers = sorted(set(ranks))
+    feasible = False
+    for gpus in _splits(list(cls.supply), k):
+        if all(not sum(c) or not fails(cls.vector_loads(c), tiers[cls.vector_tier(c)])
+               for c in gpus):
+            feasible = True
+            break
+    trace: dict = {}
+    got = class_excluded(loads, k, lambda n: math.inf, fails, max_checks=400, trace=trace,
+                         ranks=ranks)
+    assert not (got and feasible), "excluded a k the oracle can serve"
+    assert got == (not feasible), trace
+
+
+def test_load_classes_split_equal_loads_by_rank_tier():
+    c = load_classes([1.0, 4.0, 4.0, 1.0], ranks=[8, 32, 8, 8])
+    assert c.loads == (4.0, 4.0, 1.0) and c.supply == (1, 1, 2) and c.tiers == (1, 0, 0)
+    assert c.vector_tier([0, 1, 2]) == 0 and c.vector_tier([1, 0, 0]) == 1
+    assert load_classes([1.0, 2.0], ranks=[8, 8]).tiers == ()
