@@ -54,6 +54,23 @@ def _gpu(n, spread, seed, load):
     return [Adapter(f"a{i}", 8, float(q)) for i, q in enumerate(rates)]
 
 
+def _instance(name: str, ads, profile: str = LLAMA, count: int = 1, gpu: str = "h100"):
+    return instance_from_dict({
+        "name": name, "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
+        "gpus": [{"name": gpu, "profile": profile, "count": count}],
+        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+
+
+def _best_scores(inst, group, rank, seeds, amaxes=None, profile: str = LLAMA,
+                 gpu: str = "h100") -> np.ndarray:
+    """One GPU of ``group`` at server rank ``rank``: its best twin score over ``amaxes``
+    (default every Amax it starts) with each of ``seeds``."""
+    from optim.amax_search import amax_upper, twin_scores
+    plan = plan_gpu(gpu, profile, 1, [(a, 1.0) for a in group], inst.mean_tokens, rank)
+    xs = list(amaxes) if amaxes is not None else list(range(1, amax_upper(plan) + 1))
+    return np.array([max(v for v, _ in twin_scores(inst, plan, xs, s, DUR, 2)) for s in seeds])
+
+
 @pytest.mark.parametrize("n,spread,seed", [(14, 0.5, 0), (20, 0.3, 1), (20, 0.8, 2), (28, 0.5, 3)])
 def test_many_adapter_gpus_never_beat_the_count_cap(n, spread, seed):
     """GPUs of ``n`` rank-8 adapters of unequal rates, offered just above the count-aware cap
@@ -69,10 +86,7 @@ def test_many_adapter_gpus_never_beat_the_count_cap(n, spread, seed):
     ads = _gpu(n, spread, seed, load)
     cap = count_cap(_C, _C(1), max(a.rate for a in ads) * PER)[0]
     assert sum(a.rate for a in ads) * PER > cap
-    inst = instance_from_dict({
-        "name": "adv", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
-        "gpus": [{"name": "h100", "profile": LLAMA, "count": 1}],
-        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+    inst = _instance("adv", ads)
     plan = plan_gpu("h100", LLAMA, 1, [(a, 1.0) for a in ads], inst.mean_tokens, 8)
     for s in (seed, seed + 10):
         best, _ = twin_best_amax(inst, plan, s, DUR, workers=2)
@@ -99,22 +113,16 @@ def test_lighter_fewer_lower_rank_sets_swap_no_worse(tmp_path):
     lightest adapters of an instance at its smallest rank score at least as well as any set of m
     or more of its adapters at their own ranks (best score over every Amax, mean over 4 seeds,
     within two standard errors)."""
-    from optim.amax_search import twin_scores
     from tests.slot_profiles import four_slot_profile
 
     prof = four_slot_profile(tmp_path)
     rng = np.random.default_rng(0)
     ads = [Adapter(f"a{i}", (8, 16)[i % 2], float(r))
            for i, r in enumerate(2.0 * rng.lognormal(0.0, 0.6, 12))]
-    inst = instance_from_dict({
-        "name": "swap", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
-        "gpus": [{"name": "g", "profile": prof, "count": 4}],
-        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+    inst = _instance("swap", ads, prof, 4, "g")
 
     def best(group, rank):
-        plan = plan_gpu("g", prof, 1, [(a, 1.0) for a in group], inst.mean_tokens, rank)
-        return np.array([max(v for v, _ in twin_scores(inst, plan, [1, 2, 3, 4], s, DUR, 2))
-                         for s in range(4)])
+        return _best_scores(inst, group, rank, range(4), [1, 2, 3, 4], prof, "g")
 
     m = 6
     light = best([Adapter(a.id, 8, a.rate)
@@ -140,14 +148,6 @@ def test_count_limit_is_the_best_over_every_integer_amax():
     assert not any(ok), [j for j, good in zip(jobs, ok) if good]
 
 
-def _edge_inst(n: int, spread: float, seed: int, load: float):
-    ads = _gpu(n, spread, seed, load)
-    return instance_from_dict({
-        "name": "edge", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in ads],
-        "gpus": [{"name": "h100", "profile": LLAMA, "count": 1}],
-        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
-
-
 @pytest.mark.parametrize("n,spread,seed,loads", [
     (16, 0.5, 0, (16200, 16400, 16600, 16800)),
     (40, 0.8, 1, (14000, 14100, 14150, 14200, 14400))])
@@ -157,21 +157,17 @@ def test_gpus_gpu_excluded_fails_fail_at_fresh_seeds(n, spread, seed, loads, tmp
     saw: GPUs of ``n`` rank-8 adapters at loads across the edge of acceptance; every one it
     excludes scores below 1 at every Amax with each of 12 fresh seeds (100-111), and the sweep
     holds both verdicts (the edge lies inside it)."""
-    from optim.amax_search import amax_upper, twin_scores
     from optim.feasibility import gpu_excluded
     monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
     verdicts = []
     for load in loads:
-        inst = _edge_inst(n, spread, seed, float(load))
+        inst = _instance("edge", _gpu(n, spread, seed, float(load)))
         excluded = gpu_excluded(inst, inst.adapters, 8, DUR, workers=2)
         verdicts.append(excluded)
         if not excluded:
             continue
-        plan = plan_gpu("h100", LLAMA, 1, [(a, 1.0) for a in inst.adapters], inst.mean_tokens, 8)
-        xs = list(range(1, amax_upper(plan) + 1))
-        for s in range(100, 112):
-            best = max(v for v, _ in twin_scores(inst, plan, xs, s, DUR, 2))
-            assert best < 1.0, (load, s, best)
+        fresh = _best_scores(inst, inst.adapters, 8, range(100, 112))
+        assert (fresh < 1.0).all(), (load, fresh)
     assert any(verdicts) and not all(verdicts), verdicts
 
 
@@ -183,22 +179,15 @@ def test_mixed_rank_gpus_at_the_smallest_rank_score_no_worse(n, load, seed):
     their own ranks (server rank their largest) than the same adapters at rank 8, at server
     rank 8 or at their largest (best score over every Amax, mean over 4 seeds, within two
     standard errors)."""
-    from optim.amax_search import amax_upper, twin_scores
     rng = np.random.default_rng(seed)
     w = 1.0 - 0.6 * rng.random(n)
     rates = w / w.sum() * load / PER
     real = [Adapter(f"a{i}", int(rng.choice([8, 16, 32])), float(q)) for i, q in enumerate(rates)]
     low = [Adapter(a.id, 8, a.rate) for a in real]
-    inst = instance_from_dict({
-        "name": "ranks", "adapters": [{"id": a.id, "rank": a.rank, "rate": a.rate} for a in real],
-        "gpus": [{"name": "h100", "profile": LLAMA, "count": 1}],
-        "lengths": {"mean_input": 223.0, "mean_output": 196.3}, "duration_s": DUR})
+    inst = _instance("ranks", real)
 
     def best(group, rank):
-        plan = plan_gpu("h100", LLAMA, 1, [(a, 1.0) for a in group], inst.mean_tokens, rank)
-        xs = list(range(1, amax_upper(plan) + 1))
-        return np.array([max(v for v, _ in twin_scores(inst, plan, xs, s, DUR, 2))
-                         for s in range(4)])
+        return _best_scores(inst, group, rank, range(4))
 
     top = max(a.rank for a in real)
     own = best(real, top)
