@@ -442,6 +442,7 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
             exact.update(zip(loose, score(loose)))
         top0 = max(exact.values())
         cands = sorted(a for a, v in exact.items() if v >= top0 - SEED_BEST_BAND)
+        cands = sorted(cands, key=lambda a: -exact[a])[:SEED_BEST_STARTS]
         per_seed = _seed_bests(inst, plan, cands, top, seeds, duration_s, workers,
                                known={inst.seed: exact})
         if not all(np.isfinite(per_seed)):
@@ -453,8 +454,9 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
     return True
 
 
-SEED_BEST_BAND = 0.05   # _gpu_excluded: every Amax scoring within this of seed 0's best
-                        # starts each bound seed's search (the curve has several humps) ...
+SEED_BEST_BAND = 0.05   # _gpu_excluded: the Amax scoring within this of seed 0's best (at
+SEED_BEST_STARTS = 12   # most this many, the highest) start each bound seed's search (the
+                        # curve has several humps) ...
 SEED_CLIMB_BAND = 0.025  # ... which replays every Amax within SEED_BEST_HALF of any Amax
 SEED_BEST_HALF = 2       # scoring within SEED_CLIMB_BAND of that seed's best so far
 
