@@ -342,7 +342,7 @@ def _swaps_on_one_gpu(inst: Instance) -> bool:
     return _must_swap(inst, len(inst.adapters), max(a.rank for a in inst.adapters))
 
 
-GX_MARGIN_VERSION = 2  # gpu_excluded's spread: 1 the scores at seed 0's best Amax, 2 each
+GX_MARGIN_VERSION = 3  # gpu_excluded's spread: 1 the scores at seed 0's best Amax, 2-3 each
                        # bound seed's own best (bump when the margin changes: keys the cache)
 
 
@@ -433,8 +433,6 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         # the draw's spread on this GPU (swapping GPUs spread more than one adapter does): each
         # bound seed's own best score, searched from every Amax within SEED_BEST_BAND of seed
         # 0's best (the curve has several humps); mean + SPREAD_SIGMAS sd must stay below 1
-        if not all(np.isfinite(list(seen.values()))):
-            return False
         # seed 0 exact wherever it may come within the band of its best (a stopped replay's
         # upper bound below it cannot)
         loose = [a for a in rest if seen[a] >= best - SEED_BEST_BAND]
@@ -465,10 +463,12 @@ def _seed_bests(inst: Instance, plan, starts: Sequence[int], top: int, seeds: Se
                 duration_s: float, workers: int | None,
                 known: dict[int, dict[int, float]] | None = None) -> list[float]:
     """Each seed's best twin score of ``plan`` over Amax 1..``top``: every seed replays
-    ``starts``, then every Amax within ``SEED_BEST_HALF`` of any Amax scoring within
-    ``SEED_CLIMB_BAND`` of its best so far, until there is none left (a climb on every hump
-    near the top, over dents of one Amax); one parallel fleet run per step for all seeds.
-    ``known``: exact scores already replayed, by seed.
+    ``starts`` and the coarse probes (``integer_search.coarse_probes``), then every Amax within
+    ``SEED_BEST_HALF`` of any Amax scoring within ``SEED_CLIMB_BAND`` of its best so far, until
+    there is none left (a climb on every hump near the top, over dents of one Amax); a seed
+    whose best stays more than ``SEED_BEST_BAND`` below the median seed's replays every Amax.
+    One parallel fleet run per step for all seeds. ``known``: exact scores already replayed,
+    by seed.
 
     Why not the scores at the first seed's best Amax: the best Amax moves from draw to draw
     (paper-llama-rlow-qhigh-n160's GPU ``[8, 0, 27, 5, 1]`` scores 0.946 at Amax 21 with one
@@ -476,6 +476,7 @@ def _seed_bests(inst: Instance, plan, starts: Sequence[int], top: int, seeds: Se
     scores 0.957-0.972), and verification takes each draw at its own best; the fixed-Amax
     scores mix that move into the draw's spread."""
     from .amax_search import twin_scores
+    from .integer_search import coarse_probes
     seen = [dict((known or {}).get(s, {})) for s in seeds]
 
     def climb(d: dict[int, float]) -> list[int]:
@@ -487,14 +488,26 @@ def _seed_bests(inst: Instance, plan, starts: Sequence[int], top: int, seeds: Se
                        for x in range(max(1, a - SEED_BEST_HALF), min(top, a + SEED_BEST_HALF) + 1)
                        if x not in d})
 
-    todo = [sorted({int(a) for a in starts if 1 <= a <= top} - set(d)) for d in seen]
-    while any(todo):
+    def run(todo: list[list[int]]) -> None:
         jobs = [(i, a) for i, xs in enumerate(todo) for a in xs]
         res = twin_scores(inst, plan, [a for _, a in jobs], [seeds[i] for i, _ in jobs],
                           duration_s, workers)
         for (i, a), (v, _) in zip(jobs, res):
             seen[i][a] = float(v)
+
+    first = {int(a) for a in starts if 1 <= a <= top} | set(coarse_probes(top))
+    todo = [sorted(first - set(d)) for d in seen]
+    while any(todo):
+        run(todo)
         todo = [climb(d) for d in seen]
+    # a seed far below the others may have its best on a hump the climb never reached (an
+    # underestimate widens the spread): every Amax replayed for it
+    bests = [max(d.values()) for d in seen]
+    mid = float(np.median(bests))
+    low = [i for i, b in enumerate(bests) if b < mid - SEED_BEST_BAND]
+    if low:
+        run([[a for a in range(1, top + 1) if a not in seen[i]] if i in low else []
+             for i in range(len(seeds))])
     return [max(d.values()) for d in seen]
 
 

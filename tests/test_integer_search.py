@@ -186,3 +186,30 @@ def test_seed_bests_find_each_seed_hump_from_the_band(monkeypatch):
     want = [max(curve(a, s) for a in range(1, 61)) for s in range(4)]
     assert got == pytest.approx(want)
     assert sum(calls) < 4 * 60                  # a search, not every Amax
+
+
+def test_seed_bests_replay_every_amax_for_a_seed_far_below_the_others(monkeypatch):
+    """A seed whose only high score is a narrow spike away from the starts and the coarse probes
+    ends far below the median seed after its climb: every Amax is replayed for it alone."""
+    import optim.amax_search as A
+    from optim.feasibility import _seed_bests
+    from optim.integer_search import coarse_probes
+    spike = next(a for a in range(45, 60) if all(abs(a - p) > 2 for p in coarse_probes(60)))
+
+    def curve(a: int, s: int) -> float:
+        if s == 3:
+            return 0.95 if a == spike else 0.6 - 0.01 * abs(a - 30)
+        return 0.9 - 0.01 * abs(a - 30)
+
+    replays = {}
+
+    def fake(inst, plan, amaxes, seed, duration_s, workers=None, stop_below=None):
+        seeds = [seed] * len(amaxes) if isinstance(seed, int) else list(seed)
+        for s in seeds:
+            replays[s] = replays.get(s, 0) + 1
+        return [(curve(a, s), None) for a, s in zip(amaxes, seeds)]
+
+    monkeypatch.setattr(A, "twin_scores", fake)
+    got = _seed_bests(None, None, [29, 30, 31], 60, [0, 1, 2, 3], 600.0, 1)
+    assert got == pytest.approx([0.9, 0.9, 0.9, 0.95])
+    assert replays[3] == 60 and replays[0] < 30        # only the low seed replays every Amax
