@@ -431,10 +431,10 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
                 return False
             seen.update(zip(rest, vals))
         # the draw's spread on this GPU (swapping GPUs spread more than one adapter does): each
-        # bound seed's own best score, searched from every Amax within SEED_BEST_BAND of seed
-        # 0's best (the curve has several humps); mean + SPREAD_SIGMAS sd must stay below 1
-        # seed 0 exact wherever it may come within the band of its best (a stopped replay's
-        # upper bound below it cannot)
+        # bound seed's own best score, searched from the Amax within SEED_BEST_BAND of seed 0's
+        # best (the curve has several humps); mean + SPREAD_SIGMAS sd must stay below 1. Seed
+        # 0 is replayed exactly wherever it may come within the band of its best (a stopped
+        # replay's upper bound below the band cannot)
         loose = [a for a in rest if seen[a] >= best - SEED_BEST_BAND]
         if loose:
             exact.update(zip(loose, score(loose)))
