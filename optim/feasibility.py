@@ -439,8 +439,8 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
         if loose:
             exact.update(zip(loose, score(loose)))
         top0 = max(exact.values())
-        cands = sorted(a for a, v in exact.items() if v >= top0 - SEED_BEST_BAND)
-        cands = sorted(cands, key=lambda a: -exact[a])[:SEED_BEST_STARTS]
+        cands = sorted((a for a, v in exact.items() if v >= top0 - SEED_BEST_BAND),
+                       key=lambda a: (-exact[a], a))[:SEED_BEST_STARTS]
         per_seed = _seed_bests(inst, plan, cands, top, seeds, duration_s, workers,
                                known={inst.seed: exact})
         if not all(np.isfinite(per_seed)):
