@@ -59,6 +59,12 @@ one-adapter limit alone is repaired and compacted too and the better of the two 
 (``params["slo_packing"]`` names it): the table is a prediction, and either packing can be the
 one compaction brings lower.
 
+The twin's first fit. With verification on and the gpus objective, where the kept placement is
+still above the twin lower bound, ``optim.twin_first_fit`` packs once more with the twin as the
+judge of every GPU (first-fit decreasing, each GPU at its best integer Amax, the workload
+verification draws for it), within a replay budget; its placement, verified and compacted, is
+kept when it uses fewer GPUs (a note says so).
+
 Replication (instance ``max_homes`` k > 1, ``--max-homes``). Greedy splits exactly the adapters
 that the surrogate says no GPU type serves alone (at any Amax), each into the fewest equal
 shares m <= k of which one GPU serves one alone (``replicate``); every other adapter keeps one
@@ -86,6 +92,7 @@ from .registry import MethodOptions
 from .objectives import Objective
 from .placement import GpuMetrics, GpuPlan, Placement, plan_gpu
 from .slo_capacity import SloCapacity, measure_slo_capacity
+from .twin_first_fit import twin_first_fit
 
 TRAINED_DIR = Path(__file__).resolve().parent.parent / "surrogates" / "trained"
 Item = tuple[Adapter, float]            # an adapter and the share of its traffic on one GPU
@@ -665,7 +672,27 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
                                  f"{place.n_gpus if place.gpus else 'none'}",))
     if caps:
         place = place.with_(params={**place.params, "slo_packing": "count-aware"})
+    if obj.name == "gpus" and place.status == "solved" and not _certified(place):
+        place = _twin_first_fit(inst, place, obj, dur, surrogate, caps, opts)
     return place
+
+
+def _twin_first_fit(inst: Instance, place: Placement, obj: Objective, duration_s: float,
+                    surrogate: str, caps: dict[str, SloCapacity], opts: MethodOptions
+                    ) -> Placement:
+    """``place``, or the twin's first-fit packing (``optim.twin_first_fit``), verified,
+    repaired and compacted like ``place``, when it is twin-accepted on fewer GPUs."""
+    alt = twin_first_fit(inst, duration_s, opts.extra.get("workers"))
+    if alt is None:
+        return place.with_(notes=place.notes + (
+            "the twin's first-fit packing was not tried to the end (over its replay budget, "
+            "or one GPU type and whole adapters only)",))
+    alt = _verified(inst, alt, obj.name, duration_s, surrogate, caps, opts)
+    if not _better(alt, place, obj):
+        return place
+    return alt.with_(params={**place.params, **alt.params}, notes=place.notes + alt.notes + (
+        f"the twin's first-fit packing took {alt.n_gpus} GPU(s), greedy's packing "
+        f"{place.n_gpus} after repair and compaction",))
 
 
 def _pack(inst: Instance, objective: str, surrogate: str,
