@@ -59,8 +59,8 @@ one-adapter limit alone is repaired and compacted too and the better of the two 
 (``params["slo_packing"]`` names it): the table is a prediction, and either packing can be the
 one compaction brings lower.
 
-The twin's first fit. With verification on and the gpus objective, where the kept placement is
-still above the twin lower bound, ``optim.twin_first_fit`` packs once more with the twin as the
+The twin's first fit. Under an SLO, with verification on and the gpus objective, where the kept
+placement is still above the twin lower bound, ``optim.twin_first_fit`` packs once more with the twin as the
 judge of every GPU (first-fit decreasing, each GPU at its best integer Amax, the workload
 verification draws for it), within a replay budget; its placement, verified and compacted, is
 kept when it uses fewer GPUs (a note says so).
@@ -672,7 +672,7 @@ def greedy(inst: Instance, obj: Objective, opts: MethodOptions) -> Placement:
                                  f"{place.n_gpus if place.gpus else 'none'}",))
     if caps:
         place = place.with_(params={**place.params, "slo_packing": "count-aware"})
-    if obj.name == "gpus" and place.status == "solved" and not _certified(place):
+    if caps and obj.name == "gpus" and place.status == "solved" and not _certified(place):
         place = _twin_first_fit(inst, place, obj, dur, surrogate, caps, opts)
     return place
 

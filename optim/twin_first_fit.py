@@ -8,6 +8,8 @@ replay with it added is still accepted at some integer Amax, with the workload v
 draws for that GPU (seed = instance seed + GPU index), else to a new GPU. Measured on
 ``paper-llama-rhigh-qhigh-n64`` under the loose SLO (p99 TTFT 10 s, p99 ITL 200 ms, 600 s
 window): 3 GPUs, the twin lower bound, where greedy's packing, repaired and compacted, took 4.
+Greedy runs it under an SLO only: on
+``paper-llama-rlow-qhigh-n160`` under the 90 % rule (3,600 s) it takes greedy's 5 GPUs.
 
 **Checks.** A check first replays the GPU at the Amax that last accepted it and one above
 (the GPU only grew by one adapter); only when both are rejected does it search every integer
