@@ -271,14 +271,29 @@ def rebound(inst: Instance, part, workers: int | None, pair_checks: int) -> tupl
 
 def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_extra: int,
                 pair_checks: int, workers: int | None, store: RowStore | None, head: dict,
-                commit: str) -> list[dict]:
+                commit: str, keep_bound: bool = False) -> list[dict]:
     """Every method's row at one instance (``gpus_needed``; ``head`` starts each row), with
     the twin lower bound ``lb`` and ``lb_one``; rows already in ``store`` are taken from it and
     new ones appended. Where the best count is one above the bound, the exclusion for that
-    count without the bound's load thresholds may certify it (``feasibility.raise_bound_to``)."""
+    count without the bound's load thresholds may certify it (``feasibility.raise_bound_to``).
+    ``keep_bound``: a point with a stored row of another method takes ``lb`` and ``lb_one``
+    from it instead (the bound is the point's, not the method's; ``--rebound`` recomputes it),
+    so rerunning one method spares the bound's exclusion searches."""
     keys = {m: point_key(inst, m, duration_s, max_extra, pair_checks) for m in methods}
     if store is not None and all(store.get(k) is not None for k in keys.values()):
         return [store.get(keys[m]) for m in methods]
+    known = [store.get(k) for k in keys.values() if store is not None and store.get(k)]
+    if keep_bound and known:
+        lb, one = int(known[0]["lb"]), int(known[0]["lb_one"])
+        mine = []
+        for m in methods:
+            hit = store.get(keys[m])
+            if hit is None:
+                hit = {**head, "lb": lb, "lb_one": one, "method": m, "duration_s": duration_s,
+                       **gpus_needed(inst, m, duration_s, max_extra, workers), "commit": commit}
+                store.put(keys[m], hit)
+            mine.append(hit)
+        return mine
     bound = twin_lower_bound(inst, duration_s, workers, pair_checks, full_counts=True)
     mine = []
     for m in methods:

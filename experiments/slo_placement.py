@@ -1,7 +1,7 @@
 """Placement under latency SLOs: GPUs needed at three SLO levels against the 90 % rule.
 
 ``python -m experiments.slo_placement [--quick] [--methods greedy,loraserve] [--workers W]
-[--out-dir DIR] [--store FILE] [--rebound]``
+[--out-dir DIR] [--store FILE] [--rebound] [--keep-bounds]``
 
 For each paper instance (``--quick``: the Llama scenarios at their 2nd and 4th smallest adapter
 counts, 600 s twin window; else every paper instance with its own window) and each level below, every
@@ -129,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rebound", action="store_true",
                     help="recompute each stored point's lower bound with the current code "
                          "(no method is run again for a stored point) and store it")
+    ap.add_argument("--keep-bounds", action="store_true",
+                    help="a point missing one method's row runs that method only and takes "
+                         "the lower bound stored with its other rows (--rebound recomputes "
+                         "it); without this the bound is computed anew")
     a = ap.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in method_names()]
@@ -152,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dur = 600.0 if a.quick else inst.duration_s
         got = solve_point(inst, methods, dur, MAX_EXTRA, 0, a.workers, store,
                           {"instance": inst.name, **scenario_of(inst), "level": level,
-                           "slo": inst.slo.describe() if inst.slo else "90 % rule"}, commit)
+                           "slo": inst.slo.describe() if inst.slo else "90 % rule"}, commit,
+                          keep_bound=a.keep_bounds)
         rows += rebound_point(inst, methods, got, dur, a.workers, store) if a.rebound else got
     df = pd.DataFrame(rows)
     df["certified"] = df["gpus"].notna() & (df["gpus"] == df["lb"])

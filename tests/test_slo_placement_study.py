@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 import experiments.gpu_savings as G
 import experiments.slo_placement as S
 from experiments.common import RowStore
@@ -36,3 +38,37 @@ def test_rebound_recomputes_the_bound_and_stores_only_changed_rows(tmp_path, mon
     before = (tmp_path / "rows.jsonl").read_text()
     S.rebound_point(inst, ["greedy", "loraserve"], out, 600.0, 1, store)
     assert (tmp_path / "rows.jsonl").read_text() == before        # nothing changed: no write
+
+
+def test_keep_bound_reruns_a_missing_method_with_the_points_stored_bound(tmp_path, monkeypatch):
+    """A point whose greedy row was removed: with ``keep_bound`` greedy runs again and takes the
+    lower bound stored with the point's other row (no bound search); without it the bound is
+    computed anew."""
+    inst = instance_from_dict({
+        "name": "keep", "adapters": [{"id": "a", "rank": 8, "rate": 0.5}],
+        "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct", "count": 2}],
+        "slo": Slo(itl_p99_ms=100.0).to_dict()})
+    store = RowStore(tmp_path / "rows.jsonl")
+    store.put(S.point_key(inst, "loraserve", 600.0, S.MAX_EXTRA, 0),
+              {"instance": "keep", "method": "loraserve", "gpus": 4, "lb": 3, "lb_one": 1,
+               "duration_s": 600.0})
+    ran = []
+    monkeypatch.setattr(G, "gpus_needed", lambda inst_, m, *a: ran.append(m) or {"gpus": 3})
+
+    def no_bound(*a, **k):
+        raise AssertionError("the bound was computed")
+    monkeypatch.setattr(G, "twin_lower_bound", no_bound)
+    rows = G.solve_point(inst, ["greedy", "loraserve"], 600.0, S.MAX_EXTRA, 0, 1, store,
+                         {"instance": "keep"}, "abc", keep_bound=True)
+    assert ran == ["greedy"]
+    assert [(r["method"], r["gpus"], r["lb"], r["lb_one"]) for r in rows] == \
+        [("greedy", 3, 3, 1), ("loraserve", 4, 3, 1)]
+    key = S.point_key(inst, "greedy", 600.0, S.MAX_EXTRA, 0)
+    assert RowStore(tmp_path / "rows.jsonl").get(key)["lb"] == 3
+    # without keep_bound a missing row computes the bound
+    fresh = RowStore(tmp_path / "fresh.jsonl")
+    fresh.put(S.point_key(inst, "loraserve", 600.0, S.MAX_EXTRA, 0),
+              {"method": "loraserve", "gpus": 4, "lb": 3, "lb_one": 1})
+    with pytest.raises(AssertionError, match="the bound was computed"):
+        G.solve_point(inst, ["greedy", "loraserve"], 600.0, S.MAX_EXTRA, 0, 1, fresh,
+                      {"instance": "keep"}, "abc")
