@@ -682,11 +682,13 @@ def _twin_first_fit(inst: Instance, place: Placement, obj: Objective, duration_s
                     ) -> Placement:
     """``place``, or the twin's first-fit packing (``optim.twin_first_fit``), verified,
     repaired and compacted like ``place``, when it is twin-accepted on fewer GPUs."""
-    alt = twin_first_fit(inst, duration_s, opts.extra.get("workers"))
+    alt = twin_first_fit(inst, duration_s, opts.extra.get("workers"),
+                         max_gpus=place.n_gpus - 1)
     if alt is None:
         return place.with_(notes=place.notes + (
-            "the twin's first-fit packing was not tried to the end (over its replay budget, "
-            "or one GPU type and whole adapters only)",))
+            f"the twin's first-fit packing found no placement on fewer than {place.n_gpus} "
+            "GPU(s) (it stops at that count and at its replay budget; one GPU type and whole "
+            "adapters only)",))
     alt = _verified(inst, alt, obj.name, duration_s, surrogate, caps, opts)
     if not _better(alt, place, obj):
         return place

@@ -22,7 +22,8 @@ verified as a whole afterwards (``optim.verify``), as every candidate is.
 **Budget.** The packing stops (returns None) once its replays have simulated more than
 ``max_requests`` requests (expected arrivals of the replayed GPUs over the window: a
 deterministic cost, the same on every machine), so it runs on the points where it is
-affordable and is skipped elsewhere with a note.
+affordable and is skipped elsewhere with a note; and once it needs more GPUs than
+``max_gpus`` (greedy passes one fewer than its placement has: only a smaller fleet is of use).
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ class BudgetSpent(Exception):
 
 
 def twin_first_fit(inst: Instance, duration_s: float | None = None, workers: int | None = None,
-                   max_requests: float = MAX_REQUESTS) -> Placement | None:
+                   max_requests: float = MAX_REQUESTS, max_gpus: int | None = None
+                   ) -> Placement | None:
     """The twin's first-fit decreasing placement of ``inst`` (module docstring), not yet
-    verified, or None when its budget ran out or an adapter is rejected on a GPU of its own.
-    One GPU type, whole adapters (``max_homes`` 1) only: None otherwise."""
+    verified, or None when its budget ran out, it needs more than ``max_gpus`` GPUs (a caller
+    that has a placement on ``max_gpus + 1`` stops it there) or an adapter is rejected on a GPU
+    of its own. One GPU type, whole adapters (``max_homes`` 1) only: None otherwise."""
     if len(inst.gpu_types) != 1 or inst.max_homes != 1 or not inst.adapters:
         return None
     t0 = time.perf_counter()
@@ -97,6 +100,8 @@ def twin_first_fit(inst: Instance, duration_s: float | None = None, workers: int
                     break
                 gpu.rejected.add(kind)
             else:
+                if max_gpus is not None and len(gpus) >= max_gpus:
+                    return None
                 gpu = _Gpu([a], 1, set())
                 got = accepts(len(gpus), gpu, [a])
                 if got is None:

@@ -56,12 +56,14 @@ def test_the_same_instance_packs_the_same_way(loose_n64, packed):
 
 def test_a_spent_budget_or_a_split_instance_gives_none(loose_n64):
     assert twin_first_fit(loose_n64, 600.0, 1, max_requests=1.0) is None
+    assert twin_first_fit(loose_n64, 600.0, 1, max_gpus=2) is None     # it needs 3
     assert twin_first_fit(replace(loose_n64, max_homes=2), 600.0, 1) is None
 
 
 def test_greedy_keeps_the_first_fit_only_when_it_uses_fewer_gpus(loose_n64, packed):
     """A four-GPU placement (greedy's count) gives way to the first fit's three; a
-    placement already on three GPUs stays as it was."""
+    placement already on three GPUs stays as it was (the first fit stops at three), with a
+    note."""
     obj = make_objective(loose_n64, "gpus")
     opts = MethodOptions(extra={"compact": False, "workers": 2})
     ads = sorted(loose_n64.adapters, key=lambda a: a.id)
@@ -74,4 +76,6 @@ def test_greedy_keeps_the_first_fit_only_when_it_uses_fewer_gpus(loose_n64, pack
     assert out.n_gpus == 3 and out.verdict == "accepted"
     assert any("twin's first-fit packing took 3" in n for n in out.notes)
     three = verify(packed, loose_n64, 600.0, workers=2)
-    assert _twin_first_fit(loose_n64, three, obj, 600.0, "fast", {}, opts) is three
+    same = _twin_first_fit(loose_n64, three, obj, 600.0, "fast", {}, opts)
+    assert same.gpus == three.gpus and same.verdict == "accepted"
+    assert any("no placement on fewer than 3" in n for n in same.notes)
