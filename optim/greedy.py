@@ -681,14 +681,18 @@ def _twin_first_fit(inst: Instance, place: Placement, obj: Objective, duration_s
                     surrogate: str, caps: dict[str, SloCapacity], opts: MethodOptions
                     ) -> Placement:
     """``place``, or the twin's first-fit packing (``optim.twin_first_fit``), verified,
-    repaired and compacted like ``place``, when it is twin-accepted on fewer GPUs."""
+    repaired and compacted like ``place``, when it is twin-accepted on fewer GPUs (or ``place``
+    is not twin-accepted: then on any count)."""
+    accepted = place.verdict == "accepted"
     alt = twin_first_fit(inst, duration_s, opts.extra.get("workers"),
-                         max_gpus=place.n_gpus - 1)
+                         max_gpus=place.n_gpus - 1 if accepted else None)
     if alt is None:
         return place.with_(notes=place.notes + (
-            f"the twin's first-fit packing found no placement on fewer than {place.n_gpus} "
-            "GPU(s) (it stops at that count and at its replay budget; one GPU type and whole "
-            "adapters only)",))
+            ("the twin's first-fit packing found no placement on fewer than "
+             f"{place.n_gpus} GPU(s)" if accepted else
+             "the twin's first-fit packing found no placement") +
+            " (it stops there and at its replay budget; one GPU type and whole adapters "
+            "only)",))
     alt = _verified(inst, alt, obj.name, duration_s, surrogate, caps, opts)
     if not _better(alt, place, obj):
         return place

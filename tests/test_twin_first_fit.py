@@ -79,3 +79,18 @@ def test_greedy_keeps_the_first_fit_only_when_it_uses_fewer_gpus(loose_n64, pack
     same = _twin_first_fit(loose_n64, three, obj, 600.0, "fast", {}, opts)
     assert same.gpus == three.gpus and same.verdict == "accepted"
     assert any("no placement on fewer than 3" in n for n in same.notes)
+
+
+def test_a_rejected_placement_gives_way_to_the_first_fit_on_any_count(loose_n64):
+    """One GPU holding all 64 adapters is rejected under the SLO: the first fit is not stopped
+    at its count and its accepted three GPUs are kept."""
+    obj = make_objective(loose_n64, "gpus")
+    opts = MethodOptions(extra={"compact": False, "workers": 2})
+    gt = loose_n64.gpu_types[0]
+    one = Placement(loose_n64.name, "greedy", "solved", (
+        plan_gpu(gt.name, gt.profile, 32, [(a, 1.0) for a in loose_n64.adapters],
+                 loose_n64.mean_tokens),))
+    one = verify(one, loose_n64, 600.0, workers=2)
+    assert one.verdict == "rejected"
+    out = _twin_first_fit(loose_n64, one, obj, 600.0, "fast", {}, opts)
+    assert out.verdict == "accepted" and out.n_gpus == 3
