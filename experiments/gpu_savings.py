@@ -280,35 +280,32 @@ def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_e
     from it instead (the bound is the point's, not the method's; ``--rebound`` recomputes it),
     so rerunning one method spares the bound's exclusion searches."""
     keys = {m: point_key(inst, m, duration_s, max_extra, pair_checks) for m in methods}
-    if store is not None and all(store.get(k) is not None for k in keys.values()):
-        return [store.get(keys[m]) for m in methods]
-    known = [store.get(k) for k in keys.values() if store is not None and store.get(k)]
+    stored = {m: store.get(k) if store is not None else None for m, k in keys.items()}
+    if all(r is not None for r in stored.values()):
+        return [stored[m] for m in methods]
+    known = [r for r in stored.values() if r is not None]
+    bound = None
     if keep_bound and known:
         lb, one = int(known[0]["lb"]), int(known[0]["lb_one"])
-        mine = []
-        for m in methods:
-            hit = store.get(keys[m])
-            if hit is None:
-                hit = {**head, "lb": lb, "lb_one": one, "method": m, "duration_s": duration_s,
-                       **gpus_needed(inst, m, duration_s, max_extra, workers), "commit": commit}
-                store.put(keys[m], hit)
-            mine.append(hit)
-        return mine
-    bound = twin_lower_bound(inst, duration_s, workers, pair_checks, full_counts=True)
+    else:
+        bound = twin_lower_bound(inst, duration_s, workers, pair_checks, full_counts=True)
+        lb, one = bound.best, bound.one_adapter
     mine = []
     for m in methods:
-        hit = store.get(keys[m]) if store is not None else None
-        if hit is not None:
-            mine.append(hit)
-            continue
-        r = gpus_needed(inst, m, duration_s, max_extra, workers)
-        mine.append({**head, "lb": bound.best, "lb_one": bound.one_adapter, "method": m,
-                     "duration_s": duration_s, **r, "commit": commit})
+        row = stored[m]
+        if row is None:
+            row = {**head, "lb": lb, "lb_one": one, "method": m, "duration_s": duration_s,
+                   **gpus_needed(inst, m, duration_s, max_extra, workers), "commit": commit}
+            if bound is None:           # the bound is settled: stored as it finishes
+                store.put(keys[m], row)
+        mine.append(row)
+    if bound is None:
+        return mine
     lb = point_bound(inst, bound, accepted_counts(mine), duration_s, workers)
     if lb != bound.best:
         mine = [{**r, "lb": lb} for r in mine]
     for m, row in zip(methods, mine):
-        if store is not None and store.get(keys[m]) is None:
+        if store is not None and stored[m] is None:
             store.put(keys[m], row)
     return mine
 
