@@ -60,10 +60,10 @@ one-adapter limit alone is repaired and compacted too and the better of the two 
 one compaction brings lower.
 
 The twin's first fit. Under an SLO, with verification on and the gpus objective, where the kept
-placement is still above the twin lower bound, ``optim.twin_first_fit`` packs once more with the twin as the
-judge of every GPU (first-fit decreasing, each GPU at its best integer Amax, the workload
-verification draws for it), within a replay budget; its placement, verified and compacted, is
-kept when it uses fewer GPUs (a note says so).
+placement is still above the twin lower bound, ``optim.twin_first_fit`` packs once more with
+the twin as the judge of every GPU (first-fit decreasing, each GPU at its best integer Amax,
+the workload verification draws for it), within a replay budget; its placement, verified and
+compacted, is kept when it uses fewer GPUs (a note says so).
 
 Replication (instance ``max_homes`` k > 1, ``--max-homes``). Greedy splits exactly the adapters
 that the surrogate says no GPU type serves alone (at any Amax), each into the fewest equal
