@@ -327,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "and cpsat, which experiments.optimality_gap studies; auto stands for "
                          "them)")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--match", default=None,
+                    help="only the instances whose name contains this (with --rebound: only "
+                         "their stored rows are bounded again; the others stay as stored)")
     ap.add_argument("--pair-checks", type=int, default=PAIR_CHECKS,
                     help="GPU checks the bound may spend showing that no split over two GPUs "
                          "is accepted, where two are left (0: skip; default %(default)s)")
@@ -352,6 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no paper instances under {a.instances}", file=sys.stderr)
         return 2
     paths = select_instances(paths, a.quick)
+    if a.match is not None:
+        paths = [p for p in paths if a.match in p.stem]
+        if not paths:
+            print(f"error: --match {a.match!r}: no paper instance under {a.instances} has it "
+                  "in its name", file=sys.stderr)
+            return 2
     try:                               # every file checked before any work
         loaded = {p: load_instance(p) for p in paths}
     except InstanceError as e:
@@ -371,9 +380,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --rebound {a.rebound}: cannot read rows ({e})", file=sys.stderr)
             return 2
+        if a.match is not None and "instance" in old.columns:
+            old = old[old["instance"].astype(str).str.contains(a.match, regex=False)]
         missing = {"instance", "method", "gpus", "failed", "duration_s"} - set(old.columns)
         if missing:
             print(f"error: --rebound {a.rebound}: rows lack {sorted(missing)}", file=sys.stderr)
+            return 2
+        if old.empty:
+            print(f"error: --rebound {a.rebound}: no stored rows"
+                  + (f" of an instance matching {a.match!r}" if a.match is not None else ""),
+                  file=sys.stderr)
             return 2
         by_name = {loaded[p].name: p for p in paths}
         unknown = sorted(set(old["instance"]) - set(by_name))

@@ -85,3 +85,39 @@ def test_rebound_stores_a_changed_bound_back_under_the_point_key(tmp_path, monke
     lines = store.path.read_text().splitlines()
     GS.main(args)                                     # unchanged now: nothing appended
     assert store.path.read_text().splitlines() == lines
+
+
+def test_rebound_with_match_bounds_only_the_matching_points(tmp_path, monkeypatch, capsys):
+    import shutil
+    from pathlib import Path
+
+    from experiments.common import RowStore
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "inst"
+    folder.mkdir()
+    names = ("paper-llama-rhigh-qhigh-n16", "paper-llama-rlow-qhigh-n16")
+    for name in names:
+        for f in (repo / "instances" / "paper").glob(f"{name}.*"):
+            shutil.copy(f, folder / f.name)
+    monkeypatch.setattr(GS, "point_key", lambda inst, m, d, x, p: f"{inst.name}/{m}/{d}")
+    store = RowStore(tmp_path / "points.jsonl")
+    row = {"method": "greedy", "gpus": 3, "failed": False, "duration_s": 3600.0, "lb": 2,
+           "lb_one": 2, "n": 16, "scenario": "s"}
+    for name in names:
+        store.put(f"{name}/greedy/3600.0", {**row, "instance": name})
+    seen: list = []
+
+    def rebound(inst, part, workers, pair):
+        seen.append(inst.name)
+        return 3, 2
+    monkeypatch.setattr(GS, "rebound", rebound)
+    args = ["--rebound", str(store.path), "--store", str(store.path), "--instances",
+            str(folder), "--methods", "greedy", "--out-dir", str(tmp_path / "out")]
+    assert GS.main(args + ["--match", "rlow"]) == 0
+    assert seen == ["paper-llama-rlow-qhigh-n16"]
+    kept = RowStore(store.path)
+    assert kept.get("paper-llama-rlow-qhigh-n16/greedy/3600.0")["lb"] == 3
+    assert kept.get("paper-llama-rhigh-qhigh-n16/greedy/3600.0")["lb"] == 2
+    assert GS.main(args + ["--match", "n999"]) == 2
+    assert "--match 'n999'" in capsys.readouterr().err
