@@ -13,7 +13,8 @@ This study measures it on one point: the balanced split of the adapters' load cl
 class's adapters dealt to the GPUs in id order, every GPU scored at every seed position
 ``inst.seed + i`` (its best twin score over every integer Amax: throughput over threshold x
 realised offered load, under an SLO the smaller of that and the SLO's score; >= 1 accepted).
-The verdict takes the best assignment of GPUs to positions.
+The verdict takes the best assignment of GPUs to positions. ``--split`` measures another split
+instead (e.g. one a class step recorded as passing its checks).
 
     python -m experiments.margin_wall --instance small-32-llama-n48-g5-bimodal --gpus 3
     python -m experiments.margin_wall --instance paper-llama-rhigh-qhigh-n64 --gpus 2 \\
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -155,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None,
                     help="twin window in s (default: the instance's)")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--split", default=None, metavar="JSON",
+                    help="measure this split instead of the balanced one: a JSON list of k "
+                         "class-count vectors, heaviest class first (e.g. the 'passing' split "
+                         "a class step records)")
     ap.add_argument("--csv", default=None, help="write the GPU x position scores here")
     a = ap.parse_args(argv)
     if a.gpus < 2:
@@ -185,8 +191,29 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     dur = a.duration if a.duration is not None else inst.duration_s
-    split = balanced_split(inst, a.gpus)
-    gpus = deal(class_members(inst), split)
+    members = class_members(inst)
+    if a.split is None:
+        split = balanced_split(inst, a.gpus)
+    else:
+        try:
+            split = json.loads(a.split)
+            ok = (isinstance(split, list) and len(split) == a.gpus
+                  and all(isinstance(v, list) and len(v) == len(members)
+                          and all(isinstance(x, int) and x >= 0 for x in v) for v in split))
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            print(f"error: --split must be a JSON list of {a.gpus} lists of {len(members)} "
+                  f"non-negative integers (class counts), got {a.split!r}", file=sys.stderr)
+            return 2
+    try:
+        gpus = deal(members, split)
+    except ValueError as e:
+        print(f"error: --split: {e}", file=sys.stderr)
+        return 2
+    if any(not g for g in gpus):
+        print("error: --split: every GPU needs at least one adapter", file=sys.stderr)
+        return 2
     S = seat_scores(inst, gpus, dur, a.workers)
     order, low = best_order(S)
     rows = []

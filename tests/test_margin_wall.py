@@ -71,3 +71,13 @@ def test_a_short_run_prints_its_verdict(capsys):
     fields = dict(f.split("=") for f in last.split())
     assert set(fields) == {"gpus", "accepted", "best_order_min_score", "weakest_gpu_mean", "sd",
                            "spread_margin"}
+
+
+def test_a_given_split_is_checked_against_the_classes(capsys):
+    base = ["--instance", "small-32-llama-n48-g5-bimodal", "--gpus", "3"]
+    assert MW.main(base + ["--split", "[[1, 2], [3]]"]) == 2
+    assert "--split must be a JSON list of 3 lists of 4" in capsys.readouterr().err
+    assert MW.main(base + ["--split", "[[9, 3, 15, 20], [0, 0, 0, 1], [0, 0, 0, 0]]"]) == 2
+    assert "every GPU needs at least one adapter" in capsys.readouterr().err
+    assert MW.main(base + ["--split", "[[9, 3, 15, 21], [0, 0, 0, 1], [0, 0, 0, 1]]"]) == 2
+    assert "--split: class 3" in capsys.readouterr().err
