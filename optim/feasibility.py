@@ -1096,7 +1096,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     for two GPUs that of the two heaviest load classes (``pair_supply_gpus_excluded``), each
     with ``supply_checks`` GPU checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies
     (minutes on many adapters), none on a solve's path (``SUPPLY_SOLVE_CHECKS``), which takes a
-    study's cached success only."""
+    study's cached success only. With ``supply_checks`` > 0 the cached successes of those three
+    searches are read first, before any step that replays."""
     inst = inst.bound_view()       # classes: the loosest SLO they allow
     if target != lb + 1 or lb < 1:
         return lb
@@ -1105,6 +1106,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if adapter_count_bound(inst, duration_s, workers, lb, lb, max_count=len(inst.adapters),
                            measure_max=None if full_counts else solve_count_max(duration_s)
                            )[0] > lb:          # under an SLO, one GPU type: else lb
+        return target
+    if supply_checks and _cached_search_exclusion(inst, lb, duration_s, workers):
         return target
     if fullest_gpu_excluded(inst, lb, duration_s, workers):
         return target
@@ -1122,6 +1125,17 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if lb == 2 and pair_supply_gpus_excluded(inst, duration_s, workers, supply_checks):
         return target
     return lb
+
+
+def _cached_search_exclusion(inst: Instance, k: int, duration_s: float,
+                             workers: int | None) -> bool:
+    """A study's cached exclusion of ``k`` GPUs by the checked searches (class, supply, pair
+    supply), read before any step replays anything: a proof stands whichever step found it,
+    so a study's rerun (``--rebound``) does not spend the class step's checks on a point the
+    supply step already certified."""
+    return (class_gpus_excluded(inst, k, duration_s, workers, 0)
+            or supply_gpus_excluded(inst, k, duration_s, workers, 0)
+            or (k == 2 and pair_supply_gpus_excluded(inst, duration_s, workers, 0)))
 
 
 def twin_certificate(inst: Instance, placement, duration_s: float | None = None

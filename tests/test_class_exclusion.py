@@ -156,7 +156,8 @@ def test_a_certificate_runs_the_class_exclusion_with_the_studys_budget(monkeypat
     assert F.raise_bound_to(inst, 3, 4, 120.0) == 3                      # a solve: cache only
     assert F.raise_bound_to(inst, 3, 4, 120.0, supply_checks=128) == 4   # a study
     assert F.raise_bound_to(inst, 2, 3, 120.0, supply_checks=128) == 2
-    assert calls == [(3, 0), (3, None), (2, None)]
+    # a study reads the searches' cached successes first (max_checks 0), then runs them
+    assert calls == [(3, 0), (3, 0), (3, None), (2, 0), (2, None)]
 
 
 def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
@@ -351,3 +352,21 @@ def test_load_classes_split_equal_loads_by_rank_tier():
     assert c.loads == (4.0, 4.0, 1.0) and c.supply == (1, 1, 2) and c.tiers == (1, 0, 0)
     assert c.vector_tier([0, 1, 2]) == 0 and c.vector_tier([1, 0, 0]) == 1
     assert load_classes([1.0, 2.0], ranks=[8, 8]).tiers == ()
+
+
+def test_a_study_takes_any_searchs_cached_success_before_replaying(monkeypatch):
+    """``raise_bound_to`` in a study: a cached exclusion by the supply step ends the certificate
+    before the fullest / busiest / two-GPU / class steps replay anything."""
+    from optim import feasibility as F
+    inst = _cert_instance()
+    ran = []
+    for name in ("one_gpu_excluded", "fullest_gpu_excluded", "busiest_gpu_excluded",
+                 "two_gpu_splits_excluded", "two_gpus_excluded", "pair_supply_gpus_excluded"):
+        monkeypatch.setattr(F, name, lambda *a, _n=name, **k: ran.append(_n) or False)
+    monkeypatch.setattr(F, "class_gpus_excluded",
+                        lambda inst, k, d, w=None, max_checks=None: ran.append(("class", max_checks))
+                        or False)
+    monkeypatch.setattr(F, "supply_gpus_excluded",
+                        lambda inst, k, d, w=None, max_checks=None: max_checks == 0)
+    assert F.raise_bound_to(inst, 3, 4, 120.0, supply_checks=128) == 4
+    assert ran == [("class", 0)]
