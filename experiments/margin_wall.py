@@ -43,6 +43,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from optim.instance import Instance, InstanceError, load_instance
+from twin.cli_support import CliError, check_output
 from twin.workload import Adapter
 
 from .common import REPO
@@ -162,7 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "class-count vectors, heaviest class first (e.g. the 'passing' split "
                          "a class step records)")
     ap.add_argument("--csv", default=None, help="write the GPU x position scores here")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --csv file")
     a = ap.parse_args(argv)
+    try:
+        csv_out = check_output(a.csv, "--csv", a.force)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.gpus < 2:
         print(f"error: --gpus must be >= 2, got {a.gpus}", file=sys.stderr)
         return 2
@@ -224,8 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      **{f"pos{i}": round(float(S[g, i]), 4) for i in range(a.gpus)}})
     df = pd.DataFrame(rows)
     print(df.to_string(index=False))
-    if a.csv:
-        df.to_csv(a.csv, index=False)
+    if csv_out is not None:
+        df.to_csv(csv_out, index=False)
     weakest, sd = draw_spread(S)
     print(f"best order (GPU per position): {list(order)}")
     print(f"gpus={a.gpus} accepted={low >= 1.0} best_order_min_score={low:.4f} "

@@ -81,3 +81,14 @@ def test_a_given_split_is_checked_against_the_classes(capsys):
     assert "every GPU needs at least one adapter" in capsys.readouterr().err
     assert MW.main(base + ["--split", "[[9, 3, 15, 21], [0, 0, 0, 1], [0, 0, 0, 1]]"]) == 2
     assert "--split: class 3" in capsys.readouterr().err
+
+
+def test_an_existing_csv_is_not_overwritten_without_force(tmp_path, capsys):
+    out = tmp_path / "scores.csv"
+    out.write_text("mine\n")
+    assert MW.main(["--instance", "small-04-llama-n8-g3-lognormal", "--gpus", "2",
+                    "--duration", "60", "--csv", str(out)]) == 2
+    assert "pass --force" in capsys.readouterr().err and out.read_text() == "mine\n"
+    assert MW.main(["--instance", "small-04-llama-n8-g3-lognormal", "--gpus", "2",
+                    "--duration", "60", "--workers", "1", "--csv", str(out), "--force"]) == 0
+    assert out.read_text().startswith("gpu,classes,")
