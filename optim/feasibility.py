@@ -1005,7 +1005,7 @@ def pair_supply_gpus_excluded(inst: Instance, duration_s: float, workers: int | 
 
 
 def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int | None = None,
-                        max_checks: int | None = None) -> bool:
+                        max_checks: int | None = None, cached_only: bool = False) -> bool:
     """True when no twin-accepted placement of ``inst`` (each adapter whole on one GPU) uses
     ``k`` GPUs, shown by its load classes (``optim.class_exclusion``): first the count-aware
     caps and the classes' supply alone (no twin check: cheap, so also on a solve's path), then
@@ -1014,7 +1014,8 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     steps; with several ranks, classes of load and rank, every GPU checked at the server rank
     of the largest rank it holds with its adapters at the smallest) with ``max_checks`` GPU
     checks (default
-    ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default). Cached on
+    ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default).
+    ``cached_only``: read the cache and nothing else (not even the caps-only solve). Cached on
     disk."""
     from .class_exclusion import (CLASS_CHECKS, CLASS_SOUND_VERSIONS, CLASS_VERSION,
                                   MAX_CLASSES, class_excluded, load_classes)
@@ -1044,7 +1045,7 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     hit = _cached_exclusion([(key(budget, v), v == CLASS_VERSION and budget == checks)
                              for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
                              for budget in stages])
-    if hit is not None:
+    if hit is not None or cached_only:
         return bool(hit)
     gpu_cap = twin_lower_bound(inst, duration_s, workers).count_cap_tps
     by_count = count_caps(inst, duration_s, workers, measure_max=0)   # the SLO's, cached
@@ -1133,7 +1134,7 @@ def _cached_search_exclusion(inst: Instance, k: int, duration_s: float,
     supply), read before any step replays anything: a proof stands whichever step found it,
     so a study's rerun (``--rebound``) does not spend the class step's checks on a point the
     supply step already certified."""
-    return (class_gpus_excluded(inst, k, duration_s, workers, 0)
+    return (class_gpus_excluded(inst, k, duration_s, workers, 0, cached_only=True)
             or supply_gpus_excluded(inst, k, duration_s, workers, 0)
             or (k == 2 and pair_supply_gpus_excluded(inst, duration_s, workers, 0)))
 

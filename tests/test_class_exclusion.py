@@ -149,15 +149,15 @@ def test_a_certificate_runs_the_class_exclusion_with_the_studys_budget(monkeypat
         monkeypatch.setattr(F, name, lambda *a, **k: False)
     calls = []
 
-    def cls(inst, k, duration_s, workers=None, max_checks=None):
-        calls.append((k, max_checks))
+    def cls(inst, k, duration_s, workers=None, max_checks=None, cached_only=False):
+        calls.append((k, "cache" if cached_only else max_checks))
         return k == 3 and max_checks is None
     monkeypatch.setattr(F, "class_gpus_excluded", cls)
     assert F.raise_bound_to(inst, 3, 4, 120.0) == 3                      # a solve: cache only
     assert F.raise_bound_to(inst, 3, 4, 120.0, supply_checks=128) == 4   # a study
     assert F.raise_bound_to(inst, 2, 3, 120.0, supply_checks=128) == 2
     # a study reads the searches' cached successes first (max_checks 0), then runs them
-    assert calls == [(3, 0), (3, 0), (3, None), (2, 0), (2, None)]
+    assert calls == [(3, 0), (3, "cache"), (3, None), (2, "cache"), (2, None)]
 
 
 def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
@@ -364,9 +364,23 @@ def test_a_study_takes_any_searchs_cached_success_before_replaying(monkeypatch):
                  "two_gpu_splits_excluded", "two_gpus_excluded", "pair_supply_gpus_excluded"):
         monkeypatch.setattr(F, name, lambda *a, _n=name, **k: ran.append(_n) or False)
     monkeypatch.setattr(F, "class_gpus_excluded",
-                        lambda inst, k, d, w=None, max_checks=None: ran.append(("class", max_checks))
-                        or False)
+                        lambda inst, k, d, w=None, max_checks=None, cached_only=False:
+                        ran.append(("class", cached_only)) or False)
     monkeypatch.setattr(F, "supply_gpus_excluded",
                         lambda inst, k, d, w=None, max_checks=None: max_checks == 0)
     assert F.raise_bound_to(inst, 3, 4, 120.0, supply_checks=128) == 4
-    assert ran == [("class", 0)]
+    assert ran == [("class", True)]
+
+
+def test_cached_only_reads_the_cache_and_solves_nothing(monkeypatch):
+    """``class_gpus_excluded(..., cached_only=True)`` without a cached result is False before
+    any bound, count cap or caps-only solve is computed."""
+    from optim import feasibility as F
+    inst = _cert_instance()
+
+    def boom(*a, **k):
+        raise AssertionError("computed something")
+    monkeypatch.setattr(F, "twin_lower_bound", boom)
+    monkeypatch.setattr(F, "count_caps", boom)
+    monkeypatch.setattr(F, "_cached_exclusion", lambda keys: None)
+    assert F.class_gpus_excluded(inst, 3, 120.0, 1, 0, cached_only=True) is False
