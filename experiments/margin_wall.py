@@ -35,6 +35,7 @@ import itertools
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -64,17 +65,12 @@ def balanced_split(inst: Instance, k: int) -> list[list[int]]:
 
 
 def class_members(inst: Instance) -> list[list[Adapter]]:
-    """Each load class's adapters in id order (classes as ``load_classes`` orders them)."""
-    from optim.class_exclusion import load_classes
-    loads = [inst.load_tps(a) for a in inst.adapters]
-    ranks = [a.rank for a in inst.adapters]
-    cls = load_classes(loads, ranks)
-    levels = sorted(set(ranks))
-    out: list[list[Adapter]] = [[] for _ in cls.loads]
-    for a, w in sorted(zip(inst.adapters, loads), key=lambda p: p[0].id):
-        tier = levels.index(a.rank) if cls.tiers else 0
-        j = next(j for j, cw in enumerate(cls.loads)
-                 if math.isclose(cw, w, rel_tol=1e-9) and cls.tier(j) == tier)
+    """Each load class's adapters in id order (classes as ``load_classes`` groups them)."""
+    from optim.class_exclusion import class_index
+    index = class_index([inst.load_tps(a) for a in inst.adapters],
+                        [a.rank for a in inst.adapters])
+    out: list[list[Adapter]] = [[] for _ in range(max(index) + 1)]
+    for a, j in sorted(zip(inst.adapters, index), key=lambda p: p[0].id):
         out[j].append(a)
     return out
 
@@ -108,12 +104,13 @@ def seat_scores(inst: Instance, gpus: Sequence[Sequence[Adapter]], duration_s: f
     from optim.amax_search import twin_best_score
     from optim.placement import plan_gpu
     t = inst.gpu_types[0]
+    plans = [plan_gpu(t.name, t.profile, 1, [(a, 1.0) for a in g], inst.mean_tokens)
+             for g in gpus]
     k = len(gpus)
     S = np.full((k, k), -np.inf)
     cells = [(g, i) for g in range(k) for i in range(k)]
     for g, i in tqdm(cells, desc=f"{inst.name}: GPU x position", disable=not progress):
-        plan = plan_gpu(t.name, t.profile, 1, [(a, 1.0) for a in gpus[g]], inst.mean_tokens)
-        S[g, i] = twin_best_score(inst, plan, inst.seed + i, duration_s, workers)[2]
+        S[g, i] = twin_best_score(inst, plans[g], inst.seed + i, duration_s, workers)[2]
     return S
 
 
@@ -187,7 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.level is not None:
-        from dataclasses import replace
         inst = replace(inst, slo=LEVELS[a.level])
     if len(inst.gpu_types) != 1:
         print(f"error: {inst.name}: one GPU type only, it has {len(inst.gpu_types)}",

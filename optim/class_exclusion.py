@@ -113,20 +113,35 @@ def load_classes(loads: Sequence[float], ranks: Sequence[int] | None = None,
     """Group ``loads`` (tok/s) into classes of equal load (relative tolerance ``rtol``) and, with
     ``ranks`` (one per load) of several values, equal rank tier; heaviest first, the higher
     tier first among equal loads."""
+    return _grouped(loads, ranks, rtol)[0]
+
+
+def class_index(loads: Sequence[float], ranks: Sequence[int] | None = None,
+                rtol: float = 1e-9) -> list[int]:
+    """The class of each load (an index into ``load_classes(loads, ranks, rtol)``'s classes)."""
+    return _grouped(loads, ranks, rtol)[1]
+
+
+def _grouped(loads: Sequence[float], ranks: Sequence[int] | None, rtol: float
+             ) -> tuple[LoadClasses, list[int]]:
     levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [0]
     tier_of = {r: t for t, r in enumerate(levels)}
     ts = [tier_of[int(r)] for r in ranks] if ranks is not None else [0] * len(loads)
     vals: list[float] = []
     counts: list[int] = []
     tiers: list[int] = []
-    for x, t in sorted(((float(v), t) for v, t in zip(loads, ts)), reverse=True):
+    index = [0] * len(loads)
+    for x, t, i in sorted(((float(v), t, i) for i, (v, t) in enumerate(zip(loads, ts))),
+                          key=lambda e: (e[0], e[1]), reverse=True):
         if vals and tiers[-1] == t and abs(vals[-1] - x) <= rtol * max(abs(x), 1.0):
             counts[-1] += 1
         else:
             vals.append(x)
             counts.append(1)
             tiers.append(t)
-    return LoadClasses(tuple(vals), tuple(counts), tuple(tiers) if len(levels) > 1 else ())
+        index[i] = len(vals) - 1
+    cls = LoadClasses(tuple(vals), tuple(counts), tuple(tiers) if len(levels) > 1 else ())
+    return cls, index
 
 
 def spreads(c: Sequence[float], f: Sequence[float], rtol: float = 1e-9) -> bool:
@@ -403,4 +418,4 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
 
 
 __all__ = ["CLASS_VERSION", "CLASS_SOUND_VERSIONS", "CLASS_CHECKS", "LoadClasses", "load_classes",
-           "spreads", "shrink", "class_excluded"]
+           "class_index", "spreads", "shrink", "class_excluded"]

@@ -384,3 +384,14 @@ def test_cached_only_reads_the_cache_and_solves_nothing(monkeypatch):
     monkeypatch.setattr(F, "count_caps", boom)
     monkeypatch.setattr(F, "_cached_exclusion", lambda keys: None)
     assert F.class_gpus_excluded(inst, 3, 120.0, 1, 0, cached_only=True) is False
+
+
+def test_class_index_names_each_loads_class_in_load_classes():
+    from optim.class_exclusion import class_index, load_classes
+    loads = [2.0, 5.0, 2.0 * (1 + 1e-12), 5.0, 1.0, 5.0]
+    ranks = [8, 8, 8, 32, 8, 8]
+    cls = load_classes(loads, ranks)
+    idx = class_index(loads, ranks)
+    assert [sum(1 for j in idx if j == c) for c in range(len(cls.loads))] == list(cls.supply)
+    for x, r, j in zip(loads, ranks, idx):
+        assert cls.loads[j] == pytest.approx(x) and cls.tier(j) == sorted(set(ranks)).index(r)
