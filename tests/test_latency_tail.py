@@ -187,6 +187,35 @@ def test_observed_gap_quantiles_match_a_simulation_of_the_stalls():
         LT.observed_gap_quantile(hist, 0.99, p, mu, rate, stall)
 
 
+def test_compiled_gap_quantile_matches_the_numpy_reference():
+    """The compiled survival and bisection agree with the NumPy ones on random histograms,
+    delays and stalls. Where the survival is flat at exactly 1 - q (a histogram without delays
+    whose mass above some gap is exactly the tail), every point of the flat stretch is a
+    quantile and the last bit of a sum decides which end the bisection takes: there both
+    answers must be quantiles (survival within rounding of 1 - q on each side)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        hist = np.zeros(K.ITL_HIST_BINS, np.int64)
+        lo = int(rng.integers(0, K.ITL_HIST_BINS - 200))
+        hi = min(lo + int(rng.integers(5, 800)), K.ITL_HIST_BINS)
+        np.add.at(hist, rng.integers(lo, hi, int(rng.integers(10, 5000))), 1)
+        args = (float(rng.choice([0.5, 0.9, 0.99, 0.999])), float(rng.choice([0, 0.01, 0.3])),
+                float(rng.choice([0, 10.0, 1000.0])), float(rng.choice([0, 0.1, 2.0])),
+                float(rng.choice([0, 100.0, 2000.0])))
+        g, w = LT._hist_points(hist)
+        for x in (1.0, float(np.median(g)), float(g.max()) * 2):
+            assert LT._gap_survival_nb(x, g, w, *args[1:]) == pytest.approx(
+                LT.observed_gap_survival(x, g, w, *args[1:]), rel=1e-12, abs=1e-15)
+        fast = LT.observed_gap_quantile(hist, *args)
+        ref = LT.observed_gap_quantile_py(hist, *args)
+        if fast == pytest.approx(ref, rel=1e-12):
+            continue
+        for v in (fast, ref):
+            assert LT.observed_gap_survival(v * (1 - 2e-4), g, w, *args[1:]) >= 1 - args[0] - 1e-12
+            assert LT.observed_gap_survival(v * (1 + 2e-4), g, w, *args[1:]) <= 1 - args[0] + 1e-12
+    assert np.isnan(LT.observed_gap_quantile(np.zeros(K.ITL_HIST_BINS, np.int64), 0.99, 0.1, 5.0))
+
+
 def test_bad_constants_are_refused():
     with pytest.raises(ValueError, match="itl_delay_prob"):
         _tail(itl_delay_prob=1.5)

@@ -56,18 +56,25 @@ def import_s() -> float:
 def test_exact_solve_stops_at_once_and_keeps_the_best_placement(method, sig, tmp_path, import_s):
     out = tmp_path / "out.json"
     err_file = tmp_path / "err.txt"
-    with open(err_file, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(HARD), "--method",
-                                 method, "--no-verify", "--time-limit", "120", "--json", str(out),
-                                 "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
-                                preexec_fn=sigint_default)
-        time.sleep(SIGNAL_AFTER_S + import_s)
-        assert proc.poll() is None, err_file.read_text()
-        took = _stop(proc, sig)
-    text = err_file.read_text()
-    assert proc.returncode == 130, text
-    assert took <= EXIT_WITHIN_S, f"exit {took:.2f} s after the signal\n{text}"
-    assert "Traceback" not in text and text.strip().endswith("interrupted"), text
+    # a signal before the first placement exists ends the solve with "interrupted" alone (right,
+    # but not what this test is about): on a machine too busy to reach it in time, once more
+    # with a longer wait
+    for wait in (SIGNAL_AFTER_S, 4 * SIGNAL_AFTER_S):
+        with open(err_file, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "optim", "solve", str(HARD),
+                                     "--method", method, "--no-verify", "--time-limit", "120",
+                                     "--json", str(out), "--quiet"], cwd=REPO,
+                                    stdout=subprocess.DEVNULL, stderr=err,
+                                    preexec_fn=sigint_default)
+            time.sleep(wait + import_s)
+            assert proc.poll() is None, err_file.read_text()
+            took = _stop(proc, sig)
+        text = err_file.read_text()
+        assert proc.returncode == 130, text
+        assert took <= EXIT_WITHIN_S, f"exit {took:.2f} s after the signal\n{text}"
+        assert "Traceback" not in text and text.strip().endswith("interrupted"), text
+        if out.exists() or text.strip() != "interrupted":
+            break
     assert "wrote the best placement found so far" in text and str(out) in text
     d = json.loads(out.read_text())
     assert d["interrupted"] is True and d["params"]["interrupted"] is True

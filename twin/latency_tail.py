@@ -94,6 +94,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from . import kernel as K
 
@@ -284,7 +285,7 @@ def observed_gap_survival(x: float, g: np.ndarray, w: np.ndarray, p: float,
     if stall_rate <= 0 or stall_ms <= 0:
         return float(w @ jit)
     held = np.minimum(1.0, stall_rate * g / 1000.0)        # P(a stall falls in the gap)
-    stalled = np.where(x < g, 1.0, np.exp(-(x - g) / stall_ms))
+    stalled = np.where(x < g, 1.0, np.exp(-np.maximum(x - g, 0.0) / stall_ms))
     return float(w @ ((1.0 - held) * jit + held * stalled))
 
 
@@ -305,7 +306,26 @@ def _jitter_survival(x: float, g: np.ndarray, w: np.ndarray, p: float, mu: float
 def observed_gap_quantile(hist: np.ndarray, q: float, p: float, mu: float,
                           stall_rate: float = 0.0, stall_ms: float = 0.0) -> float:
     """The ``q`` quantile (ms) of the observed inter-token gaps (bisection on the survival
-    function in log space; 1e-4 relative)."""
+    function in log space; 1e-4 relative). Compiled (:func:`_gap_quantile_nb`); the plain
+    NumPy computation is :func:`observed_gap_quantile_py`."""
+    if hist.sum() == 0:
+        return float("nan")
+    g, w = _hist_points(hist)
+    return gap_quantile(g, w, q, p, mu, stall_rate, stall_ms)
+
+
+def gap_quantile(g: np.ndarray, w: np.ndarray, q: float, p: float, mu: float,
+                 stall_rate: float = 0.0, stall_ms: float = 0.0) -> float:
+    """:func:`observed_gap_quantile` from a histogram's points (``_hist_points``), for callers
+    that ask one histogram many times (the fit)."""
+    return float(_gap_quantile_nb(g, w, float(q), float(p), float(mu), float(stall_rate),
+                                  float(stall_ms)))
+
+
+def observed_gap_quantile_py(hist: np.ndarray, q: float, p: float, mu: float,
+                             stall_rate: float = 0.0, stall_ms: float = 0.0) -> float:
+    """Plain NumPy reference of :func:`observed_gap_quantile` (same bisection, same
+    arithmetic; ``tests/test_latency_tail.py`` checks the two agree)."""
     if hist.sum() == 0:
         return float("nan")
     g, w = _hist_points(hist)
@@ -323,6 +343,54 @@ def observed_gap_quantile(hist: np.ndarray, q: float, p: float, mu: float,
         if hi / lo < 1 + 1e-4:
             break
     return float(np.sqrt(lo * hi))
+
+
+@njit(cache=True)
+def _gap_survival_nb(x: float, g: np.ndarray, w: np.ndarray, p: float, mu: float,
+                     stall_rate: float, stall_ms: float) -> float:
+    """:func:`observed_gap_survival` in one pass over the gaps (no temporaries)."""
+    jitter = p > 0 and mu > 0
+    stalls = stall_rate > 0 and stall_ms > 0
+    qq = 1.0 - p
+    total = 0.0
+    for i in range(g.shape[0]):
+        gi = g[i]
+        base = 1.0 if gi > x else 0.0
+        v = base
+        if jitter:
+            y = (x - gi) / mu
+            if y < 0:
+                e = np.exp(y)
+                plus, minus, lap = 1.0, 1.0 - e, 1.0 - 0.5 * e
+            else:
+                e = np.exp(-y)
+                plus, minus, lap = e, 0.0, 0.5 * e
+            v = qq * qq * base + p * qq * (plus + minus) + p * p * lap
+        if stalls:
+            held = min(1.0, stall_rate * gi / 1000.0)
+            stalled = 1.0 if x < gi else np.exp(-(x - gi) / stall_ms)
+            v = (1.0 - held) * v + held * stalled
+        total += w[i] * v
+    return total
+
+
+@njit(cache=True)
+def _gap_quantile_nb(g: np.ndarray, w: np.ndarray, q: float, p: float, mu: float,
+                     stall_rate: float, stall_ms: float) -> float:
+    target = 1.0 - q
+    lo = 1e-3
+    hi = max(g.max(), 1.0) + 50.0 * (max(mu, 0.0) + max(stall_ms, 0.0)) + 1.0
+    if _gap_survival_nb(lo, g, w, p, mu, stall_rate, stall_ms) <= target:
+        return lo
+    for _ in range(60):
+        mid = np.sqrt(lo * hi)
+        if _gap_survival_nb(mid, g, w, p, mu, stall_rate, stall_ms) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-4:
+            break
+    return np.sqrt(lo * hi)
 
 
 @dataclass(frozen=True)
@@ -498,14 +566,16 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
     y_i = np.array([s.real["p99_itl_ms"] for s in samples])
 
     gaps = [hist_mean_ms(s.itl_hist) for s in samples]
+    points = [_hist_points(s.itl_hist) if s.itl_hist.sum() else None for s in samples]
 
     def itl_pred(x) -> np.ndarray:
         # only the delay and stall terms are used
         tail = LatencyTail(0, 0, 0, 0, **dict(zip(DELAY_TERMS + STALL_TERMS, map(float, x))))
-        return np.array([observed_gap_quantile(
-            s.itl_hist, 0.99, tail.itl_delay_prob,
+        return np.array([float("nan") if gw is None else gap_quantile(
+            *gw, 0.99, tail.itl_delay_prob,
             tail.delay_mean_ms(s.running, s.adapters, s.active, s.waiting),
-            tail.stall_rate(s.arrival_rate, g), tail.stall_ms) for s, g in zip(samples, gaps)])
+            tail.stall_rate(s.arrival_rate, g), tail.stall_ms)
+            for s, g, gw in zip(samples, gaps, points)])
 
     def itl_obj(x) -> float:
         if not (0.0 < x[0] <= 1.0 and x[1] > 0 and x[2] > 0 and x[6] > 0):
