@@ -92,9 +92,10 @@ import json
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import kernel as K
 
@@ -238,13 +239,32 @@ def cold_start_waits_ms(cold_start_ms: float, arrival: np.ndarray, wait_s: np.nd
     block starting in its wait for the first token (``wait_s``; blocks do not overlap here)."""
     if cold_start_ms <= 0 or len(starts) == 0 or len(arrival) == 0:
         return np.zeros(len(arrival))
-    c = cold_start_ms / 1000.0
-    a = np.asarray(arrival, np.float64)
-    t = np.maximum(np.asarray(wait_s, np.float64), 0.0)
-    last = np.searchsorted(starts, a, "right")              # blocks started at or before a
-    n_in = np.searchsorted(starts, a + t, "right") - last
-    rem = np.where(last > 0, np.maximum(starts[np.maximum(last - 1, 0)] + c - a, 0.0), 0.0)
-    return 1000.0 * (n_in * c + rem)
+    return ColdStartLayout.of(arrival, wait_s, starts).waits_ms(cold_start_ms)
+
+
+@dataclass(frozen=True)
+class ColdStartLayout:
+    """Where each request falls among the cold-start blocks, which does not depend on the
+    blocks' length: the fit asks the same run at many lengths."""
+
+    arrival: np.ndarray          # s
+    in_wait: np.ndarray          # blocks starting in the request's wait for its first token
+    after_start: np.ndarray      # a block started at or before the arrival
+    last_start: np.ndarray       # the latest such block's start (s; the first block's if none)
+
+    @classmethod
+    def of(cls, arrival: np.ndarray, wait_s: np.ndarray, starts: np.ndarray
+           ) -> "ColdStartLayout":
+        a = np.asarray(arrival, np.float64)
+        t = np.maximum(np.asarray(wait_s, np.float64), 0.0)
+        last = np.searchsorted(starts, a, "right")          # blocks started at or before a
+        n_in = np.searchsorted(starts, a + t, "right") - last
+        return cls(a, n_in, last > 0, starts[np.maximum(last - 1, 0)])
+
+    def waits_ms(self, cold_start_ms: float) -> np.ndarray:
+        c = cold_start_ms / 1000.0
+        rem = np.where(self.after_start, np.maximum(self.last_start + c - self.arrival, 0.0), 0.0)
+        return 1000.0 * (self.in_wait * c + rem)
 
 
 def ttft_offsets_ms(tail: LatencyTail, running: float, adapters: float, first: np.ndarray,
@@ -322,6 +342,33 @@ def gap_quantile(g: np.ndarray, w: np.ndarray, q: float, p: float, mu: float,
                                   float(stall_ms)))
 
 
+def gap_quantiles(points: "GapPoints", q: float, p: float, mus: np.ndarray,
+                  stall_rates: np.ndarray, stall_ms: float) -> np.ndarray:
+    """:func:`gap_quantile` of many histograms at once (their points packed by
+    :class:`GapPoints`; ``mus`` and ``stall_rates`` one per histogram), in parallel over the
+    histograms; NaN for an empty one. Each is computed exactly as alone."""
+    return _gap_quantiles_nb(points.g, points.w, points.offsets, float(q), float(p),
+                             np.asarray(mus, np.float64), np.asarray(stall_rates, np.float64),
+                             float(stall_ms))
+
+
+@dataclass(frozen=True)
+class GapPoints:
+    """The points (``_hist_points``) of several ITL histograms, packed end to end."""
+
+    g: np.ndarray
+    w: np.ndarray
+    offsets: np.ndarray          # histogram i's points are [offsets[i], offsets[i + 1])
+
+    @classmethod
+    def of(cls, hists: Sequence[np.ndarray]) -> "GapPoints":
+        pts = [_hist_points(h) if h.sum() else (np.zeros(0), np.zeros(0)) for h in hists]
+        offsets = np.zeros(len(pts) + 1, np.int64)
+        offsets[1:] = np.cumsum([len(g) for g, _ in pts])
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0))
+        return cls(cat([g for g, _ in pts]), cat([w for _, w in pts]), offsets)
+
+
 def observed_gap_quantile_py(hist: np.ndarray, q: float, p: float, mu: float,
                              stall_rate: float = 0.0, stall_ms: float = 0.0) -> float:
     """Plain NumPy reference of :func:`observed_gap_quantile` (same bisection, same
@@ -391,6 +438,20 @@ def _gap_quantile_nb(g: np.ndarray, w: np.ndarray, q: float, p: float, mu: float
         if hi / lo < 1 + 1e-4:
             break
     return np.sqrt(lo * hi)
+
+
+@njit(cache=True, parallel=True)
+def _gap_quantiles_nb(g: np.ndarray, w: np.ndarray, offsets: np.ndarray, q: float, p: float,
+                      mus: np.ndarray, stall_rates: np.ndarray, stall_ms: float) -> np.ndarray:
+    n = offsets.shape[0] - 1
+    out = np.empty(n)
+    for i in prange(n):
+        lo, hi = offsets[i], offsets[i + 1]
+        if hi == lo:
+            out[i] = np.nan
+        else:
+            out[i] = _gap_quantile_nb(g[lo:hi], w[lo:hi], q, p, mus[i], stall_rates[i], stall_ms)
+    return out
 
 
 @dataclass(frozen=True)
@@ -520,9 +581,15 @@ def _smape(y: np.ndarray, p: np.ndarray) -> float:
     return float(100.0 * np.mean(np.abs(y - p) / (np.abs(y) + np.abs(p))))
 
 
-def _ttft_stats(s: ReplaySample, base: float, cold: float) -> tuple[float, float, float]:
-    t = s.ttft_ms + base + cold_start_waits_ms(cold, s.arrival_s, s.ttft_ms / 1000.0,
-                                               s.block_starts)
+def _ttft_stats(s: ReplaySample, base: float, cold: float,
+                layout: ColdStartLayout | None = None) -> tuple[float, float, float]:
+    """Mean, median and p99 client TTFT (ms) of a replayed run; ``layout``: its cold-start
+    layout when the caller keeps one (the same figures, without recomputing it)."""
+    if layout is None or cold <= 0 or len(s.block_starts) == 0 or len(s.arrival_s) == 0:
+        waits = cold_start_waits_ms(cold, s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
+    else:
+        waits = layout.waits_ms(cold)
+    t = s.ttft_ms + base + waits
     return float(t.mean()), *(float(v) for v in np.percentile(t, [50, 99]))
 
 
@@ -550,10 +617,13 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
     y_t = np.array([[s.real["mean_ttft_ms"], s.real["median_ttft_ms"], s.real["p99_ttft_ms"]]
                     for s in unst])
 
+    layouts = [ColdStartLayout.of(s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
+               if len(s.block_starts) and len(s.arrival_s) else None for s in unst]
+
     def ttft_pred(x) -> np.ndarray:
         a0, ar, an, c = x
-        return np.array([_ttft_stats(s, a0 + ar * s.running + an * s.adapters, c)
-                         for s in unst])
+        return np.array([_ttft_stats(s, a0 + ar * s.running + an * s.adapters, c, lay)
+                         for s, lay in zip(unst, layouts)])
 
     def ttft_obj(x) -> float:
         if min(x) < 0:
@@ -566,16 +636,14 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
     y_i = np.array([s.real["p99_itl_ms"] for s in samples])
 
     gaps = [hist_mean_ms(s.itl_hist) for s in samples]
-    points = [_hist_points(s.itl_hist) if s.itl_hist.sum() else None for s in samples]
+    points = GapPoints.of([s.itl_hist for s in samples])
 
     def itl_pred(x) -> np.ndarray:
         # only the delay and stall terms are used
         tail = LatencyTail(0, 0, 0, 0, **dict(zip(DELAY_TERMS + STALL_TERMS, map(float, x))))
-        return np.array([float("nan") if gw is None else gap_quantile(
-            *gw, 0.99, tail.itl_delay_prob,
-            tail.delay_mean_ms(s.running, s.adapters, s.active, s.waiting),
-            tail.stall_rate(s.arrival_rate, g), tail.stall_ms)
-            for s, g, gw in zip(samples, gaps, points)])
+        mus = [tail.delay_mean_ms(s.running, s.adapters, s.active, s.waiting) for s in samples]
+        rates = [tail.stall_rate(s.arrival_rate, g) for s, g in zip(samples, gaps)]
+        return gap_quantiles(points, 0.99, tail.itl_delay_prob, mus, rates, tail.stall_ms)
 
     def itl_obj(x) -> float:
         if not (0.0 < x[0] <= 1.0 and x[1] > 0 and x[2] > 0 and x[6] > 0):
