@@ -4,7 +4,7 @@ import pytest
 
 from experiments.common import shared_data_dir
 
-from twin.calibrate import calibrate, fit_metrics, kv_table, main, step_rows
+from twin.calibrate import fit_metrics, kv_table, main, step_rows
 from twin.profile import GpuProfile, load_profile
 
 DATA = shared_data_dir()
@@ -23,8 +23,8 @@ def test_fit_metrics():
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b-instruct", "qwen-2.5-7b-instruct"])
-def test_calibrate_matches_shipped(data, model, tmp_path):
-    prof, rep = calibrate(data, model, workers=2)
+def test_calibrate_matches_shipped(data, model, tmp_path, shared_calibration):
+    prof, rep = shared_calibration(model)
     assert isinstance(prof, GpuProfile)
     for src in ("decode_baseline", "lora_decode_overhead"):
         assert rep["step_time"][src]["mape_pct"] < 10

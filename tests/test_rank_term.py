@@ -80,10 +80,10 @@ def test_rank32_server_slower_than_rank16():
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b-instruct", "qwen-2.5-7b-instruct"])
-def test_rank_term_reproducible_from_calibrate(model):
+def test_rank_term_reproducible_from_calibrate(model, shared_calibration):
     if not (DATA / RANK_RUNS).is_file():
         pytest.skip(f"shared max-search runs not found at {DATA / RANK_RUNS}")
-    prof, rep = calibrate(DATA, model)
+    prof, rep = shared_calibration(model)
     assert rep["rank_term"]["rank_scale"] > 0
     assert prof.step_coef[10] == rep["rank_term"]["rank_scale"]
     assert prof.step_coef[10] == pytest.approx(load_profile(model).step_coef[10], rel=1e-12)
