@@ -56,6 +56,7 @@ of the same loads, which is weaker: it lets a GPU of rank-32 adapters pass as if
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -193,6 +194,8 @@ class _Master:
         self.cp = cp_model
         self.m = m = cp_model.CpModel()
         self.k, self.cls, self.seed = k, cls, seed
+        self.wall_s = 0.0           # spent in solve() (wall; diagnostics for the trace only)
+        self.fallback_seeds = 0     # feasibility searches run after a balanced search found none
         self._tops: dict[tuple[int, int], object] = {}
         J = len(cls.loads)
         self.w = w = [int(round(x * LOAD_UNITS)) for x in cls.loads]     # model units
@@ -304,14 +307,19 @@ class _Master:
         finds a split or proves there is none (an objective makes CP-SAT's search harder once
         many cuts stand, and its time to a split varies by an order of magnitude with the
         seed; deterministic limits and a fixed seed order keep the proposals reproducible)."""
+        t0 = time.monotonic()
         st, s = self._run(time_s)
+        tried = 0
         if st == self.cp.UNKNOWN:
             self.m.ClearObjective()
             for seed in range(1, seeds + 1):
+                tried = seed
                 st, s = self._run(FEASIBILITY_TIME_S, seed)
                 if st != self.cp.UNKNOWN:
                     break
             self.m.Minimize(self.load[0])
+        self.wall_s += time.monotonic() - t0
+        self.fallback_seeds += tried
         if st == self.cp.INFEASIBLE:
             return None
         if st not in (self.cp.OPTIMAL, self.cp.FEASIBLE):
@@ -343,7 +351,9 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     the GPUs that spread it and hold that rank or a larger one. At most ``max_checks`` calls of
     ``fails``; ``progress`` is called after each. ``trace`` (a dict) receives how the search
     ended: ``why``, the ``checks`` and ``rounds`` spent, the ``cuts`` and, when a proposed split
-    passed, its vectors (``passing``, class counts heaviest class first)."""
+    passed, its vectors (``passing``, class counts heaviest class first), and the wall seconds
+    the CP-SAT model took (``master_wall_s``) with the feasibility searches it fell back to
+    (``master_fallback_seeds``): where the checks are cached, the model is what takes the time."""
     cls = load_classes(loads, ranks)
     levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [None]
     trace = {} if trace is None else trace
@@ -355,7 +365,9 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
 
     def end(why: str, out: bool, rounds: int, passing=None) -> bool:
         trace.update(why=why, checks=used, rounds=rounds, cuts=cuts,
-                     classes=[round(w, 6) for w in cls.loads], supply=list(cls.supply))
+                     classes=[round(w, 6) for w in cls.loads], supply=list(cls.supply),
+                     master_wall_s=round(master.wall_s, 1),
+                     master_fallback_seeds=master.fallback_seeds)
         if cls.tiers:
             trace.update(tiers=list(cls.tiers), ranks=levels)
         if passing is not None:

@@ -95,6 +95,7 @@ def test_never_excludes_a_feasible_k_and_proves_most_infeasible_ones(seed):
     trace: dict = {}
     got = class_excluded(loads, k, cap, fails, max_checks=200, trace=trace)
     assert not (got and feasible), "excluded a k the oracle can serve"
+    assert trace["master_wall_s"] >= 0 and trace["master_fallback_seeds"] >= 0
     if not got:     # the split that ended the search holds the supply and passes
         split = trace["passing"]
         assert trace["why"] == "a proposed split passes every check"
