@@ -35,8 +35,12 @@ is checked; the first that fails is shrunk (its lightest adapters dropped while 
 fails, by bisection: a smaller failing vector cuts more) and becomes a cut, and the model is
 solved again; a proposed GPU that spreads a known failure fails without a replay. When every
 proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS`` solves are spent)
-nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``), so a larger
-budget resumes where a smaller one stopped.
+nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``) and the
+search's progress is saved every round (``class_excluded``'s ``save`` / ``resume``: the cuts
+in their order, the vectors shown failing or passing), so a larger budget or a rerun after a
+stop goes on where the search stopped, with the same proposals, instead of solving the model
+again round by round (which is most of the time once the checks are cached: on a 15-class
+SLO point a round's solves take tens of seconds).
 
 The first solve, before any check, uses the caps and the supply alone: it excludes k GPUs
 where the count-partition bound (``count_bound``) lets every GPU take the heaviest adapters at
@@ -70,6 +74,7 @@ MAX_CLASSES = 32            # (load, rank tier) classes beyond this: not applica
 MASTER_TIME_S = 10.0        # CP-SAT deterministic time per master solve (about seconds; a
                             # solve that finds no split in it shows nothing)
 LOAD_UNITS = 1000           # loads in the model: integer milli-tok/s
+STATE_VERSION = 1           # class_excluded's saved progress (resume / save)
 SHRINK_STEPS = 4            # bisection steps when shrinking a failing vector
 FEASIBILITY_TIME_S = 60.0   # ... and for any split once the balanced search found none, per
 FEASIBILITY_SEEDS = 5       # ... CP-SAT seed, seeds 1..5 in turn: the search is heavy-tailed
@@ -339,7 +344,9 @@ class _Master:
 def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float],
                    fails: Callable[..., bool] | None, max_checks: int = CLASS_CHECKS,
                    progress: Callable[[str], None] | None = None,
-                   trace: dict | None = None, ranks: Sequence[int] | None = None) -> bool:
+                   trace: dict | None = None, ranks: Sequence[int] | None = None,
+                   resume: dict | None = None,
+                   save: Callable[[dict], None] | None = None) -> bool:
     """True when no k GPUs can hold adapters of these ``loads`` (tok/s) with every GPU passing
     (module docstring). ``cap_of(n)``: the most load an accepted GPU of exactly ``n`` adapters
     carries (``inf`` where unknown); ``fails(loads)``: the twin check of one GPU
@@ -353,7 +360,13 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     ended: ``why``, the ``checks`` and ``rounds`` spent, the ``cuts`` and, when a proposed split
     passed, its vectors (``passing``, class counts heaviest class first), and the wall seconds
     the CP-SAT model took (``master_wall_s``) with the feasibility searches it fell back to
-    (``master_fallback_seeds``): where the checks are cached, the model is what takes the time."""
+    (``master_fallback_seeds``): where the checks are cached, the model is what takes the time.
+
+    ``save(state)`` is called after every round with the search's progress (rounds and checks
+    spent, the cuts in their order, every vector shown failing or passing); ``resume``, such a
+    state of the same search (same loads, k, caps and checks), rebuilds the model with those
+    cuts in that order and goes on from there, the same proposals as a search never stopped
+    (the model is the same), without solving its earlier rounds again."""
     cls = load_classes(loads, ranks)
     levels = sorted(set(int(r) for r in ranks)) if ranks is not None else [None]
     trace = {} if trace is None else trace
@@ -376,6 +389,26 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     passed: set[tuple[tuple[int, ...], int]] = set()
     failed: list[tuple[list[int], int]] = []  # every vector shown failing, at its tier
     used = 0
+    done_rounds = 0
+    cut_log: list[tuple[list[int], int]] = []   # the cuts in their order, at their tier
+    if resume and fails is not None:
+        if resume.get("v") != STATE_VERSION or resume.get("classes") != list(cls.loads):
+            raise ValueError("class_excluded: resume is the state of another search")
+        for vec, tier in resume["cuts"]:
+            master.cut(vec, tier)
+            cut_log.append((list(vec), int(tier)))
+            cuts.append(list(vec) if not cls.tiers else {"vector": list(vec),
+                                                         "rank": levels[tier]})
+        failed = [(list(v), int(t)) for v, t in resume["failed"]]
+        passed = {(tuple(v), int(t)) for v, t in resume["passed"]}
+        used, done_rounds = int(resume["checks"]), int(resume["rounds"])
+
+    def saved() -> None:
+        if save is not None:
+            save({"v": STATE_VERSION, "classes": list(cls.loads), "rounds": done_rounds,
+                  "checks": used, "cuts": [[v, t] for v, t in cut_log],
+                  "failed": [[v, t] for v, t in failed],
+                  "passed": [[list(v), t] for v, t in sorted(passed)]})
 
     def check(c: list[int], tier: int) -> bool:
         """``c`` fails at server rank tier ``tier``."""
@@ -403,7 +436,7 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
             return end("no k GPUs hold the supply", True, 1)
         return end("the caps and the supply allow a split", False, 1,
                    None if gpus is False else gpus)
-    for rounds in range(1, MAX_ROUNDS + 1):
+    for rounds in range(done_rounds + 1, MAX_ROUNDS + 1):
         if used >= max_checks:
             return end("check budget spent", False, rounds - 1)
         gpus = master.solve()
@@ -426,6 +459,9 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
             return end("a proposed split passes every check", False, rounds, gpus)
         cuts.append(cut[0] if not cls.tiers else {"vector": cut[0], "rank": levels[cut[1]]})
         master.cut(*cut)
+        cut_log.append((list(cut[0]), int(cut[1])))
+        done_rounds = rounds
+        saved()
     return end("round limit", False, MAX_ROUNDS)
 
 

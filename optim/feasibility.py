@@ -1032,13 +1032,19 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
                         what=f"class_gpus_excluded/{version}/{int(k)}/{budget}")
 
     def search(budget: int | str, fails) -> bool:
+        from .capacity import _disk_get, _disk_put
         trace: dict = {}
+        # the checked search's progress, saved every round: a stopped search (or a larger
+        # budget) goes on from there without solving its model round by round again
+        where = key("progress")
+        resume = _disk_get(where) if fails is not None else None
         return _recorded_search(
             inst, key(budget), f"class checks, {k} GPUs", 0 if fails is None else budget,
             {"k": int(k), "duration_s": float(duration_s), "search": trace},
-            lambda progress: class_excluded(loads, k, cap_of, fails,
-                                            0 if fails is None else int(budget),
-                                            progress=progress, trace=trace, ranks=ranks))
+            lambda progress: class_excluded(
+                loads, k, cap_of, fails, 0 if fails is None else int(budget),
+                progress=progress, trace=trace, ranks=ranks, resume=resume,
+                save=None if fails is None else (lambda st: _disk_put(where, st))))
 
     # an exclusion cached by any sound version stands; a "not shown" only the current one's
     stages = ["caps"] + list(dict.fromkeys((CLASS_CHECKS, checks)))

@@ -107,6 +107,50 @@ def test_never_excludes_a_feasible_k_and_proves_most_infeasible_ones(seed):
     assert got == (not feasible)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_search_resumed_from_any_saved_round_ends_as_the_uninterrupted_one(seed):
+    """The progress saved after each round (``save``) lets a stopped search go on
+    (``resume``): from every saved round it ends with the same verdict, checks, rounds, cuts
+    and passing split, and asks ``fails`` only about what the uninterrupted search asked
+    after that round; a state of another search is refused."""
+    import json
+    rng = np.random.default_rng(100 + seed)
+    asked: list = []
+
+    def fails(v, rank=None):
+        asked.append((tuple(v), rank))
+        return oracle(v) if rank is None else oracle(list(v) + [0.5] * (rank == 32))
+
+    for _ in range(50):         # a search of several rounds (most draws end in one or two)
+        loads_by_class = [8.0, 4.0, 2.0, 1.0]
+        supply = [int(x) for x in rng.integers(1, 4, 4)]
+        loads = [w for w, n in zip(loads_by_class, supply) for _ in range(n)]
+        ranks = [(8, 32)[i % 2] for i in range(len(loads))] if seed % 2 else None
+        oracle = _oracle(float(np.sum(np.sqrt(loads))) / 2 * float(rng.uniform(0.8, 1.1)))
+        asked.clear()
+        states: list = []
+        trace: dict = {}
+        got = class_excluded(loads, 2, lambda n: math.inf, fails, max_checks=300, trace=trace,
+                             ranks=ranks,
+                             save=lambda st: states.append(json.loads(json.dumps(st))))
+        if len(states) >= 3:
+            break
+    full = list(asked)
+    assert len(states) >= 3 and states[-1]["rounds"] == len(trace["cuts"])
+    for st in states:
+        asked.clear()
+        t2: dict = {}
+        again = class_excluded(loads, 2, lambda n: math.inf, fails, max_checks=300, trace=t2,
+                               ranks=ranks, resume=st)
+        assert again == got
+        for f in ("why", "checks", "rounds", "cuts", "passing"):
+            assert t2.get(f) == trace.get(f), f
+        assert asked == full[len(full) - len(asked):]       # only the later checks
+    with pytest.raises(ValueError, match="another search"):
+        class_excluded([x * 2 for x in loads], 2, lambda n: math.inf, fails, ranks=ranks,
+                       resume=states[0])
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_spreading_covers_dominance_and_never_lowers_a_schur_concave_cost(seed):
     """``spreads(c, f)``: c is f with adapters added, loads raised or spread. Prefix dominance of
@@ -175,7 +219,7 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
     budgets, caps_only = [], []
 
-    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None):
+    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None, **_):
         assert C.load_classes(loads).supply == (8, 8, 8) and cap_of(5) == 1e9
         if fails is None:
             caps_only.append(k)
@@ -195,7 +239,7 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
                         checked.append((rank, {x.rank for x in ads})) or True)
     real = C.class_excluded
 
-    def probe(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None):
+    def probe(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None, **_):
         assert sorted(set(ranks)) == [8, 16]
         if fails is not None:
             fails(list(loads[:3]), 16)
@@ -208,9 +252,38 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     # where the caps and the supply alone exclude k, no GPU is checked
     monkeypatch.setattr(C, "class_excluded",
                         lambda loads, k, cap_of, fails, checks, progress=None, trace=None,
-                        ranks=None: fails is None or pytest.fail("checked search ran"))
+                        ranks=None, **_: fails is None or pytest.fail("checked search ran"))
     assert F.class_gpus_excluded(inst, 2, 120.0, max_checks=0) is True
     assert F.class_gpus_excluded(two, 2, 120.0, max_checks=0) is True
+
+
+def test_a_stopped_checked_search_resumes_from_its_saved_progress(tmp_path, monkeypatch):
+    """``class_gpus_excluded`` saves the checked search's progress on disk every round and
+    hands it back to the next search of the same instance and k (a larger budget, a rerun);
+    the caps-only stage neither saves nor resumes."""
+    from types import SimpleNamespace
+
+    import optim.class_exclusion as C
+    from optim import feasibility as F
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = _cert_instance()
+    monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
+    seen = []
+
+    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None,
+             resume=None, save=None):
+        seen.append((fails is None, resume, save is None))
+        if fails is not None:
+            save({"v": 1, "rounds": len(seen)})
+        return False
+    monkeypatch.setattr(C, "class_excluded", fake)
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=20) is False
+    assert seen[0] == (True, None, True)                       # caps only
+    assert seen[1] == (False, None, False)                     # nothing saved yet
+    assert seen[2] == (False, {"v": 1, "rounds": 2}, False)    # the first search's progress
+    assert F.class_gpus_excluded(inst, 2, 120.0, max_checks=10) is False
+    assert seen[-1][1] is None                                 # another k: its own
 
 
 def test_a_spread_gpu_scores_no_better_in_the_twin(tmp_path):
