@@ -374,10 +374,12 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
         trace["why"] = "not applicable"
         return False
     master = _Master(cls, k, cap_of)
-    cuts: list = []             # vectors; with several ranks {"vector", "rank"}
+    cuts: list[tuple[list[int], int]] = []      # the cuts in their order, at their tier
 
     def end(why: str, out: bool, rounds: int, passing=None) -> bool:
-        trace.update(why=why, checks=used, rounds=rounds, cuts=cuts,
+        trace.update(why=why, checks=used, rounds=rounds,
+                     cuts=[v if not cls.tiers else {"vector": v, "rank": levels[t]}
+                           for v, t in cuts],
                      classes=[round(w, 6) for w in cls.loads], supply=list(cls.supply),
                      master_wall_s=round(master.wall_s, 1),
                      master_fallback_seeds=master.fallback_seeds)
@@ -390,15 +392,12 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     failed: list[tuple[list[int], int]] = []  # every vector shown failing, at its tier
     used = 0
     done_rounds = 0
-    cut_log: list[tuple[list[int], int]] = []   # the cuts in their order, at their tier
     if resume and fails is not None:
         if resume.get("v") != STATE_VERSION or resume.get("classes") != list(cls.loads):
             raise ValueError("class_excluded: resume is the state of another search")
         for vec, tier in resume["cuts"]:
             master.cut(vec, tier)
-            cut_log.append((list(vec), int(tier)))
-            cuts.append(list(vec) if not cls.tiers else {"vector": list(vec),
-                                                         "rank": levels[tier]})
+            cuts.append((list(vec), int(tier)))
         failed = [(list(v), int(t)) for v, t in resume["failed"]]
         passed = {(tuple(v), int(t)) for v, t in resume["passed"]}
         used, done_rounds = int(resume["checks"]), int(resume["rounds"])
@@ -406,7 +405,7 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
     def saved() -> None:
         if save is not None:
             save({"v": STATE_VERSION, "classes": list(cls.loads), "rounds": done_rounds,
-                  "checks": used, "cuts": [[v, t] for v, t in cut_log],
+                  "checks": used, "cuts": [[v, t] for v, t in cuts],
                   "failed": [[v, t] for v, t in failed],
                   "passed": [[list(v), t] for v, t in sorted(passed)]})
 
@@ -457,9 +456,8 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
                 break
         if cut is None:     # every proposed GPU passes: this split may be accepted
             return end("a proposed split passes every check", False, rounds, gpus)
-        cuts.append(cut[0] if not cls.tiers else {"vector": cut[0], "rank": levels[cut[1]]})
         master.cut(*cut)
-        cut_log.append((list(cut[0]), int(cut[1])))
+        cuts.append((list(cut[0]), int(cut[1])))
         done_rounds = rounds
         saved()
     return end("round limit", False, MAX_ROUNDS)
