@@ -259,9 +259,13 @@ class ColdStartLayout:
         t = np.maximum(np.asarray(wait_s, np.float64), 0.0)
         last = np.searchsorted(starts, a, "right")          # blocks started at or before a
         n_in = np.searchsorted(starts, a + t, "right") - last
-        return cls(a, n_in, last > 0, starts[np.maximum(last - 1, 0)])
+        prev = starts[np.maximum(last - 1, 0)] if len(starts) else np.zeros(len(a))
+        return cls(a, n_in, last > 0, prev)
 
     def waits_ms(self, cold_start_ms: float) -> np.ndarray:
+        """:func:`cold_start_waits_ms` of the run at blocks of ``cold_start_ms``."""
+        if cold_start_ms <= 0:
+            return np.zeros(len(self.arrival))
         c = cold_start_ms / 1000.0
         rem = np.where(self.after_start, np.maximum(self.last_start + c - self.arrival, 0.0), 0.0)
         return 1000.0 * (self.in_wait * c + rem)
@@ -585,11 +589,9 @@ def _ttft_stats(s: ReplaySample, base: float, cold: float,
                 layout: ColdStartLayout | None = None) -> tuple[float, float, float]:
     """Mean, median and p99 client TTFT (ms) of a replayed run; ``layout``: its cold-start
     layout when the caller keeps one (the same figures, without recomputing it)."""
-    if layout is None or cold <= 0 or len(s.block_starts) == 0 or len(s.arrival_s) == 0:
-        waits = cold_start_waits_ms(cold, s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
-    else:
-        waits = layout.waits_ms(cold)
-    t = s.ttft_ms + base + waits
+    if layout is None:
+        layout = ColdStartLayout.of(s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
+    t = s.ttft_ms + base + layout.waits_ms(cold)
     return float(t.mean()), *(float(v) for v in np.percentile(t, [50, 99]))
 
 
@@ -618,7 +620,7 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
                     for s in unst])
 
     layouts = [ColdStartLayout.of(s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
-               if len(s.block_starts) and len(s.arrival_s) else None for s in unst]
+               for s in unst]
 
     def ttft_pred(x) -> np.ndarray:
         a0, ar, an, c = x
