@@ -23,14 +23,15 @@ supply, each within the count-aware cap of its adapter count (``cap(n)``: the lo
 GPU of ``n`` adapters carries more of) and spreading no failing vector found so far:
 
     sum_i c_ij = s_j  (every class j),      L_i = sum_j w_j c_ij <= cap(n_i),  n_i = sum_j c_ij,
-    for every failing f and GPU i:  n_i < n(f)  or  B_q(c_i) < B_q(f) for some q,
+    for every failing f and GPU i:  n_i < n(f)  or  T_t(c_i) < T_t(f) for some class load t,
     L_1 >= L_2 >= ... >= L_k                                            (GPUs are alike),
 
-with ``B_q(x)`` the load of ``x`` without its ``q`` heaviest adapters (``c`` spreads ``f``
-exactly when ``n(c) >= n(f)`` and ``B_q(c) >= B_q(f)`` for every q; both sides are piecewise
-linear in q, so the model compares them at the breakpoints of either), minimising the largest
-load (the balanced split first: when all of its GPUs pass, nothing can be excluded and the
-search stops early). No solution: k GPUs are excluded. Else each proposed GPU, heaviest first,
+with ``T_t(x) = sum_j min(w_j, t) x_j`` the load of ``x`` with every adapter capped at ``t``
+(``c`` spreads ``f`` exactly when ``n(c) >= n(f)`` and ``T_t(c) >= T_t(f)`` at every class
+load ``t``: the threshold form of weak supermajorization, ``_Master.cut``; every term is
+linear in the class counts, so a cut is one clause of at most ``J`` linear inequalities
+per GPU), minimising the largest load (the balanced split first: when all of its GPUs
+pass, nothing can be excluded and the search stops early). No solution: k GPUs are excluded. Else each proposed GPU, heaviest first,
 is checked; the first that fails is shrunk (its lightest adapters dropped while it still
 fails, by bisection: a smaller failing vector cuts more) and becomes a cut, and the model is
 solved again; a proposed GPU that spreads a known failure fails without a replay. When every
@@ -39,8 +40,11 @@ nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``) a
 search's progress is saved every round (``class_excluded``'s ``save`` / ``resume``: the cuts
 in their order, the vectors shown failing or passing), so a larger budget or a rerun after a
 stop goes on where the search stopped, with the same proposals, instead of solving the model
-again round by round (which is most of the time once the checks are cached: on a 15-class
-SLO point a round's solves take tens of seconds).
+again round by round. A cut's clause is a few linear inequalities over the class counts, so a
+round's solve takes well under a second even with dozens of cuts on 15 classes (the earlier
+encoding, by ``B_q`` the load without the ``q`` heaviest adapters, needed min / max and table
+constraints per breakpoint: 15,440 variables after 38 cuts on a 15-class SLO point and 583 s
+for one round's solves, 498 variables and 0.1 s now).
 
 The first solve, before any check, uses the caps and the supply alone: it excludes k GPUs
 where the count-partition bound (``count_bound``) lets every GPU take the heaviest adapters at
@@ -66,8 +70,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-CLASS_VERSION = 6           # bump when the search changes (results are cached on disk)
-CLASS_SOUND_VERSIONS = (1, 2, 3, 4, 5, 6) # versions whose cached exclusions still hold (proofs)
+CLASS_VERSION = 7           # bump when the search changes (results are cached on disk)
+CLASS_SOUND_VERSIONS = (1, 2, 3, 4, 5, 6, 7)  # versions whose cached exclusions still hold
+                            # (proofs); their saved progress is facts a later version resumes
 CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
                             # every check is cached, so a larger one resumes)
 MAX_CLASSES = 32            # (load, rank tier) classes beyond this: not applicable
@@ -201,7 +206,6 @@ class _Master:
         self.k, self.cls, self.seed = k, cls, seed
         self.wall_s = 0.0           # spent in solve() (wall; diagnostics for the trace only)
         self.fallback_seeds = 0     # feasibility searches run after a balanced search found none
-        self._tops: dict[tuple[int, int], object] = {}
         J = len(cls.loads)
         self.w = w = [int(round(x * LOAD_UNITS)) for x in cls.loads]     # model units
         top = sum(wj * sj for wj, sj in zip(w, cls.supply))
@@ -209,17 +213,9 @@ class _Master:
                   for i in range(k)]
         self.load = [m.NewIntVar(0, top, f"L{i}") for i in range(k)]
         self.count = [m.NewIntVar(0, cls.n, f"n{i}") for i in range(k)]
-        self.prefix = []
         for i in range(k):
             m.Add(self.load[i] == sum(w[j] * self.c[i][j] for j in range(J)))
             m.Add(self.count[i] == sum(self.c[i]))
-            acc, pre = 0, []
-            for j in range(J):
-                acc = acc + self.c[i][j]
-                p = m.NewIntVar(0, cls.n, f"p{i}_{j}")
-                m.Add(p == acc)
-                pre.append(p)
-            self.prefix.append(pre)
         for j in range(J):
             m.Add(sum(self.c[i][j] for i in range(k)) == cls.supply[j])
         for i in range(k - 1):
@@ -256,52 +252,36 @@ class _Master:
 
     def cut(self, f: Sequence[int], tier: int = 0) -> None:
         """No GPU holding rank tier ``tier`` or above (its server rank at least the one ``f``
-        failed at) ``spreads`` the failing vector ``f``. With ``B_q(x)`` the load of ``x``
-        without its ``q`` heaviest adapters, ``c`` spreads ``f`` iff ``n(c) >= n(f)`` and
-        ``B_q(c) >= B_q(f)`` for every q (both piecewise linear in q, so at the breakpoints of
-        either: f's prefix counts, a constant q, and c's, where ``B`` is c's load in its lighter
-        classes and ``B_q(f)`` a table lookup); the cut asks one of these to fail."""
-        m, cls, w = self.m, self.cls, self.w
+        failed at) ``spreads`` the failing vector ``f``. With ``T_t(x) = sum_a min(x_a, t)``
+        (the load of ``x`` with every adapter capped at ``t``), ``c`` spreads ``f`` iff
+        ``T_t(c) >= T_t(f)`` for every ``t > 0`` (weak supermajorization by its threshold form:
+        ``sum_a (t - x_a)^+`` over ``c`` at most over ``f`` padded with idle adapters); both
+        sides are piecewise linear in ``t`` with breaks at the class loads, so the thresholds
+        ``t -> 0`` (the counts: ``n(c) >= n(f)``; ``t`` at the smallest class load says the
+        same) and ``t = w_j`` (each larger distinct class load; the largest gives the loads)
+        suffice, and each is linear in the class counts::
+
+            n(c_i) <= n(f) - 1  or  sum_j min(w_j, t) c_ij <= sum_j min(w_j, t) f_j - 1
+                                    for some t in {w_j}     (or GPU i holds no tier >= tier)
+        """
+        m, w = self.m, self.w
         J = len(w)
-        fl = [wj for wj, k in zip(w, f) for _ in range(int(k))]
-        nf = len(fl)
-        table = [int(sum(fl[q:])) for q in range(cls.n + 1)]     # B_q(f), 0 from q = n(f)
-        qs = sorted({0} | {int(q) for q in np.cumsum(f)[:-1] if 0 < q < nf})
+        nf = int(sum(f))
+        rows = []
+        for t in sorted(set(w), reverse=True)[:-1]:    # at the smallest: the counts
+            coef = [min(wj, t) for wj in w]
+            rows.append((coef, int(sum(cj * int(fj) for cj, fj in zip(coef, f)))))
         for i in range(self.k):
             lits = [m.NewBoolVar("")]
             m.Add(self.count[i] <= nf - 1).OnlyEnforceIf(lits[0])
             if tier > 0:
                 lits.append(self.h[i][tier].Not())
-            for q in qs:
+            for coef, rhs in rows:
                 z = m.NewBoolVar("")
-                m.Add(self._without_top(i, q) <= table[q] - 1).OnlyEnforceIf(z)
-                lits.append(z)
-            for t in range(J - 1):
-                e = m.NewIntVar(0, table[0], "")
-                m.AddElement(self.prefix[i][t], table, e)
-                z = m.NewBoolVar("")
-                m.Add(sum(w[j] * self.c[i][j] for j in range(t + 1, J)) <= e - 1
+                m.Add(sum(coef[j] * self.c[i][j] for j in range(J)) <= rhs - 1
                       ).OnlyEnforceIf(z)
                 lits.append(z)
             m.AddBoolOr(lits)
-
-    def _without_top(self, i: int, q: int):
-        """``B_q(c_i)``: GPU i's load without its ``q`` heaviest adapters (a linear expression
-        over ``max(0, min(c_ij, P_j - q))`` per class, built once per (i, q))."""
-        key = (i, q)
-        if key not in self._tops:
-            m, N, w = self.m, self.cls.n, self.w
-            terms = []
-            for j in range(len(w)):
-                d = m.NewIntVar(-N, N, "")
-                m.Add(d == self.prefix[i][j] - q)
-                lo = m.NewIntVar(-N, N, "")
-                m.AddMinEquality(lo, [self.c[i][j], d])
-                y = m.NewIntVar(0, self.cls.supply[j], "")
-                m.AddMaxEquality(y, [lo, 0])
-                terms.append(w[j] * y)
-            self._tops[key] = sum(terms)
-        return self._tops[key]
 
     def solve(self, time_s: float = MASTER_TIME_S, seeds: int = FEASIBILITY_SEEDS
               ) -> list[list[int]] | None | bool:

@@ -1037,7 +1037,10 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
         # the checked search's progress, saved every round: a stopped search (or a larger
         # budget) goes on from there without solving its model round by round again
         where = key("progress")
-        resume = _disk_get(where) if fails is not None else None
+        resume = None
+        if fails is not None:   # the latest sound version's: its cuts and checks are facts
+            resume = next((st for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
+                           if (st := _disk_get(key("progress", v))) is not None), None)
         return _recorded_search(
             inst, key(budget), f"class checks, {k} GPUs", 0 if fails is None else budget,
             {"k": int(k), "duration_s": float(duration_s), "search": trace},

@@ -286,6 +286,41 @@ def test_a_stopped_checked_search_resumes_from_its_saved_progress(tmp_path, monk
     assert seen[-1][1] is None                                 # another k: its own
 
 
+def test_a_search_of_a_new_version_resumes_an_earlier_sound_versions_progress(tmp_path,
+                                                                              monkeypatch):
+    """The saved cuts and checks are facts of the twin, whatever search found them: after a
+    version bump the checked search resumes the latest sound version's progress (and saves
+    under its own); a version no longer sound is not read."""
+    from types import SimpleNamespace
+
+    import optim.class_exclusion as C
+    from optim import feasibility as F
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    inst = _cert_instance()
+    monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
+    seen = []
+
+    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None,
+             resume=None, save=None):
+        seen.append(resume)
+        if fails is not None:
+            save({"v": 1, "by": C.CLASS_VERSION, "rounds": len(seen)})
+        return False
+    monkeypatch.setattr(C, "class_excluded", fake)
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
+    old = C.CLASS_VERSION
+    monkeypatch.setattr(C, "CLASS_VERSION", old + 1)
+    monkeypatch.setattr(C, "CLASS_SOUND_VERSIONS", C.CLASS_SOUND_VERSIONS + (old + 1,))
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
+    assert seen[-1] == {"v": 1, "by": old, "rounds": 2}        # the earlier version's
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=20) is False
+    assert seen[-1]["by"] == old + 1                           # then its own
+    monkeypatch.setattr(C, "CLASS_VERSION", old + 2)
+    monkeypatch.setattr(C, "CLASS_SOUND_VERSIONS", (old + 2,))
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
+    assert seen[-1] is None                                    # none of them sound
+
+
 def test_a_spread_gpu_scores_no_better_in_the_twin(tmp_path):
     """The premise in the twin: on a GPU that must swap (four slots) near or above saturation, a
     GPU that ``spreads`` another (adapters added, load moved to lighter adapters, loads raised)
@@ -352,6 +387,78 @@ def test_the_models_cut_is_exactly_not_spreading(seed):
         want = (l0 >= l1 and not spreads(cls.vector_loads(c0), fv)
                 and not spreads(cls.vector_loads(c1), fv))
         assert (got not in (None, False)) == want, (w, cls.supply, f, c0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_gpus_cut_is_exactly_not_spreading_on_random_vectors(seed):
+    """One GPU holding the whole supply ``c`` (five classes of loads 1-40), cut by a random
+    ``f``: the model is feasible iff ``c`` does not spread ``f`` — on 150 pairs per seed, a
+    fifth of them chosen to spread ``f`` (``f`` moved to heavier classes and shortened)."""
+    from optim.class_exclusion import LoadClasses, _Master, spreads
+    rng = np.random.default_rng(300 + seed)
+    hits = 0
+    for _ in range(150):
+        w = tuple(sorted((float(x) for x in rng.choice(np.arange(1, 41), 5, replace=False)),
+                         reverse=True))
+        c = [int(x) for x in rng.integers(0, 5, 5)]
+        if sum(c) == 0:
+            c[0] = 1
+        f = [int(x) for x in rng.integers(0, 5, 5)]
+        if rng.random() < 0.2:                      # a vector c surely spreads
+            f = [0] * 5
+            for j, k in enumerate(c):
+                for _ in range(k):
+                    if rng.random() < 0.7:
+                        f[min(4, j + int(rng.integers(0, 2)))] += 1
+        if sum(f) == 0:
+            f[-1] = 1
+        cls = LoadClasses(w, tuple(max(x, 0) for x in c))
+        master = _Master(cls, 1, lambda n: math.inf)
+        master.cut(f)
+        got = master.solve(5.0)
+        want = not spreads(cls.vector_loads(c), LoadClasses(w, tuple(f)).vector_loads(f))
+        hits += not want
+        assert (got not in (None, False)) == want, (w, c, f)
+    assert hits >= 10           # the pairs that spread are exercised too
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_models_tiered_cut_is_exactly_not_spreading_at_that_rank_or_above(seed):
+    """With rank tiers (classes of equal load at several tiers, four or five classes) the cut of
+    ``f`` at tier ``t`` admits a GPU exactly when it holds no tier ``t`` or above or does not
+    spread ``f``: every split over two GPUs, fixed in the model, is feasible iff neither GPU is
+    cut (and the loads are in order)."""
+    from optim.class_exclusion import LoadClasses, _Master, spreads
+    rng = np.random.default_rng(100 + seed)
+    loads = sorted((float(x) for x in rng.choice([1, 2, 3, 5, 8], 3, replace=False)),
+                   reverse=True)
+    classes = sorted({(w, int(t)) for w in loads for t in rng.integers(0, 2, 2)},
+                     key=lambda e: (-e[0], -e[1]))[:5]
+    cls = LoadClasses(tuple(w for w, _ in classes),
+                      tuple(int(x) for x in rng.integers(1, 3, len(classes))),
+                      tuple(t for _, t in classes))
+    if cls.n_tiers < 2:
+        cls = LoadClasses(cls.loads, cls.supply, (1,) + cls.tiers[1:])
+    J = len(cls.loads)
+    f = [int(rng.integers(0, s + 1)) for s in cls.supply]
+    if sum(f) == 0:
+        f[-1] = 1
+    tier = int(rng.integers(0, cls.n_tiers))
+    fv = cls.vector_loads(f)
+
+    def cut(c) -> bool:
+        return cls.vector_tier(c) >= tier and spreads(cls.vector_loads(c), fv)
+
+    for c0 in itertools.product(*(range(s + 1) for s in cls.supply)):
+        c1 = [s - x for s, x in zip(cls.supply, c0)]
+        master = _Master(cls, 2, lambda n: math.inf)
+        master.cut(f, tier)
+        for j in range(J):
+            master.m.Add(master.c[0][j] == c0[j])
+        got = master.solve(5.0)
+        l0, l1 = sum(cls.vector_loads(c0)), sum(cls.vector_loads(c1))
+        want = l0 >= l1 and not cut(list(c0)) and not cut(c1)
+        assert (got not in (None, False)) == want, (cls, f, tier, c0)
 
 
 @pytest.mark.parametrize("seed", range(20))
