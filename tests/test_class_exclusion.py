@@ -257,26 +257,36 @@ def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
     assert F.class_gpus_excluded(two, 2, 120.0, max_checks=0) is True
 
 
-def test_a_stopped_checked_search_resumes_from_its_saved_progress(tmp_path, monkeypatch):
-    """``class_gpus_excluded`` saves the checked search's progress on disk every round and
-    hands it back to the next search of the same instance and k (a larger budget, a rerun);
-    the caps-only stage neither saves nor resumes."""
+def _fake_checked_search(tmp_path, monkeypatch, saved) -> list:
+    """``class_gpus_excluded`` on ``_cert_instance`` with a fresh disk cache and
+    ``class_excluded`` replaced by a stand-in that records each call's
+    ``(fails is None, resume, save is None)`` and has a checked search save
+    ``saved(calls so far)``; returns the record."""
     from types import SimpleNamespace
 
     import optim.class_exclusion as C
     from optim import feasibility as F
     monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
-    inst = _cert_instance()
     monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
-    seen = []
+    seen: list = []
 
     def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None,
              resume=None, save=None):
         seen.append((fails is None, resume, save is None))
         if fails is not None:
-            save({"v": 1, "rounds": len(seen)})
+            save(saved(len(seen)))
         return False
     monkeypatch.setattr(C, "class_excluded", fake)
+    return seen
+
+
+def test_a_stopped_checked_search_resumes_from_its_saved_progress(tmp_path, monkeypatch):
+    """``class_gpus_excluded`` saves the checked search's progress on disk every round and
+    hands it back to the next search of the same instance and k (a larger budget, a rerun);
+    the caps-only stage neither saves nor resumes."""
+    from optim import feasibility as F
+    seen = _fake_checked_search(tmp_path, monkeypatch, lambda n: {"v": 1, "rounds": n})
+    inst = _cert_instance()
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=20) is False
     assert seen[0] == (True, None, True)                       # caps only
@@ -291,34 +301,23 @@ def test_a_search_of_a_new_version_resumes_an_earlier_sound_versions_progress(tm
     """The saved cuts and checks are facts of the twin, whatever search found them: after a
     version bump the checked search resumes the latest sound version's progress (and saves
     under its own); a version no longer sound is not read."""
-    from types import SimpleNamespace
-
     import optim.class_exclusion as C
     from optim import feasibility as F
-    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path))
+    seen = _fake_checked_search(tmp_path, monkeypatch,
+                                lambda n: {"v": 1, "by": C.CLASS_VERSION, "rounds": n})
     inst = _cert_instance()
-    monkeypatch.setattr(F, "twin_lower_bound", lambda *a, **k: SimpleNamespace(count_cap_tps=1e9))
-    seen = []
-
-    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None,
-             resume=None, save=None):
-        seen.append(resume)
-        if fails is not None:
-            save({"v": 1, "by": C.CLASS_VERSION, "rounds": len(seen)})
-        return False
-    monkeypatch.setattr(C, "class_excluded", fake)
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
     old = C.CLASS_VERSION
     monkeypatch.setattr(C, "CLASS_VERSION", old + 1)
     monkeypatch.setattr(C, "CLASS_SOUND_VERSIONS", C.CLASS_SOUND_VERSIONS + (old + 1,))
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
-    assert seen[-1] == {"v": 1, "by": old, "rounds": 2}        # the earlier version's
+    assert seen[-1][1] == {"v": 1, "by": old, "rounds": 2}     # the earlier version's
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=20) is False
-    assert seen[-1]["by"] == old + 1                           # then its own
+    assert seen[-1][1]["by"] == old + 1                        # then its own
     monkeypatch.setattr(C, "CLASS_VERSION", old + 2)
     monkeypatch.setattr(C, "CLASS_SOUND_VERSIONS", (old + 2,))
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
-    assert seen[-1] is None                                    # none of them sound
+    assert seen[-1][1] is None                                 # none of them sound
 
 
 def test_a_spread_gpu_scores_no_better_in_the_twin(tmp_path):
