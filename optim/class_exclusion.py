@@ -34,7 +34,10 @@ per GPU), minimising the largest load (the balanced split first: when all of its
 pass, nothing can be excluded and the search stops early). No solution: k GPUs are excluded. Else each proposed GPU, heaviest first,
 is checked; the first that fails is shrunk (its lightest adapters dropped while it still
 fails, by bisection: a smaller failing vector cuts more) and becomes a cut, and the model is
-solved again; a proposed GPU that spreads a known failure fails without a replay. When every
+solved again; a proposed GPU that spreads a known failure fails without a replay, and one
+that a GPU shown passing spreads (at its server rank or a higher one) passes without one (the
+same premises: a GPU easier than one not shown failing is not shown failing either, which can
+only leave a split unexcluded, never exclude one). When every
 proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS`` solves are spent)
 nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``) and the
 search's progress is saved every round (``class_excluded``'s ``save`` / ``resume``: the cuts
@@ -70,8 +73,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-CLASS_VERSION = 8           # bump when the search changes (results are cached on disk)
-CLASS_SOUND_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)  # versions whose cached exclusions still hold
+CLASS_VERSION = 9           # bump when the search changes (results are cached on disk)
+CLASS_SOUND_VERSIONS = tuple(range(1, 10))  # versions whose cached exclusions still hold
                             # (proofs); their saved progress is facts a later version resumes
 CLASS_CHECKS = 384          # GPU checks one exclusion may spend (the studies' budget;
                             # every check is cached, so a larger one resumes)
@@ -403,6 +406,9 @@ def class_excluded(loads: Sequence[float], k: int, cap_of: Callable[[int], float
         if any(t <= tier and spreads(v, cls.vector_loads(f)) for f, t in failed):
             failed.append((list(c), tier))                      # dominance included
             return True
+        if any(t >= tier and spreads(cls.vector_loads(p), v) for p, t in passed):
+            passed.add(key)     # a harder GPU (it spreads c, at c's rank or above) passed
+            return False
         used += 1
         out = bool(fails(v) if levels == [None] else fails(v, levels[tier]))
         if progress is not None:

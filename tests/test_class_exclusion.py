@@ -107,6 +107,34 @@ def test_never_excludes_a_feasible_k_and_proves_most_infeasible_ones(seed):
     assert got == (not feasible)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_no_check_is_spent_on_a_gpu_that_a_passing_one_spreads(seed):
+    """A GPU easier than one shown passing (the passing one spreads it) passes without a
+    replay, as one harder than a failure fails without one: no replayed vector is spread by
+    an earlier failure or spread *by* an earlier pass; the verdict is the brute force's."""
+    from optim.class_exclusion import spreads
+    rng = np.random.default_rng(500 + seed)
+    J = 3
+    loads_by_class = sorted((float(x) for x in rng.choice([1, 2, 4, 8, 16], J, replace=False)),
+                            reverse=True)
+    supply = [int(x) for x in rng.integers(2, 5, J)]
+    loads = [w for w, s in zip(loads_by_class, supply) for _ in range(s)]
+    k = int(rng.integers(2, 4))
+    oracle = _oracle(float(np.sum(np.sqrt(loads))) / k * float(rng.uniform(0.85, 1.3)))
+    replayed: list[tuple[list[float], bool]] = []
+
+    def fails(v):
+        out = oracle(v)
+        for u, failed in replayed:
+            assert not (failed and spreads(v, u)) and not (not failed and spreads(u, v)), v
+        replayed.append((list(v), out))
+        return out
+
+    got = class_excluded(loads, k, lambda n: math.inf, fails, max_checks=500)
+    assert got == (not _feasible(loads_by_class, supply, k, oracle, lambda n: math.inf))
+    assert replayed
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_search_resumed_from_any_saved_round_ends_as_the_uninterrupted_one(seed):
     """The progress saved after each round (``save``) lets a stopped search go on
