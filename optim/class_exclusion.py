@@ -31,23 +31,21 @@ with ``T_t(x) = sum_j min(w_j, t) x_j`` the load of ``x`` with every adapter cap
 load ``t``: the threshold form of weak supermajorization, ``_Master.cut``; every term is
 linear in the class counts, so a cut is one clause of at most ``J`` linear inequalities
 per GPU), minimising the largest load (the balanced split first: when all of its GPUs
-pass, nothing can be excluded and the search stops early). No solution: k GPUs are excluded. Else each proposed GPU, heaviest first,
-is checked; the first that fails is shrunk (its lightest adapters dropped while it still
-fails, by bisection: a smaller failing vector cuts more) and becomes a cut, and the model is
-solved again; a proposed GPU that spreads a known failure fails without a replay, and one
-that a GPU shown passing spreads (at its server rank or a higher one) passes without one (the
-same premises: a GPU easier than one not shown failing is not shown failing either, which can
-only leave a split unexcluded, never exclude one). When every
-proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS`` solves are spent)
-nothing is shown; every check is cached on disk (``feasibility.gpu_excluded``) and the
-search's progress is saved every round (``class_excluded``'s ``save`` / ``resume``: the cuts
+pass, nothing can be excluded and the search stops early). No solution: k GPUs are excluded.
+Else each proposed GPU, heaviest first, is checked; the first that fails is shrunk (its
+lightest adapters dropped while it still fails, by bisection: a smaller failing vector cuts
+more) and becomes a cut, and the model is solved again; a proposed GPU that spreads a known
+failure fails without a replay, and one that a GPU shown passing spreads (at its server rank
+or a higher one) passes without one (the same premises: a GPU easier than one not shown
+failing is not shown failing either, which can only leave a split unexcluded, never exclude
+one). When every proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS``
+solves are spent) nothing is shown; every check is cached on disk
+(``feasibility.gpu_excluded``) and the search's progress is saved every round (``class_excluded``'s ``save`` / ``resume``: the cuts
 in their order, the vectors shown failing or passing), so a larger budget or a rerun after a
 stop goes on where the search stopped, with the same proposals, instead of solving the model
-again round by round. A cut's clause is a few linear inequalities over the class counts, so a
-round's solve takes well under a second even with dozens of cuts on 15 classes (the earlier
-encoding, by ``B_q`` the load without the ``q`` heaviest adapters, needed min / max and table
-constraints per breakpoint: 15,440 variables after 38 cuts on a 15-class SLO point and 583 s
-for one round's solves, 498 variables and 0.1 s now).
+again round by round. A cut's clause is a few linear inequalities over the class counts:
+on a 15-class SLO point after 38 cuts the model has 498 variables and a round's solve takes
+0.1 s.
 
 The first solve, before any check, uses the caps and the supply alone: it excludes k GPUs
 where the count-partition bound (``count_bound``) lets every GPU take the heaviest adapters at

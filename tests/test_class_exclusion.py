@@ -389,12 +389,34 @@ def test_a_spread_gpu_scores_no_better_in_the_twin(tmp_path):
         assert hard.mean() <= easy.mean() + 2 * se, (f, c, easy, hard)
 
 
+def _assert_two_gpu_cut_exact(cls, f, tier: int) -> None:
+    """Every split of ``cls``'s supply over two GPUs, GPU 0 fixed in a model cut by ``f`` at
+    ``tier``, is feasible iff its loads are in order and neither GPU is cut: holds tier
+    ``tier`` or above and ``spreads`` ``f``."""
+    from optim.class_exclusion import _Master, spreads
+    fv = cls.vector_loads(f)
+
+    def cut(c) -> bool:
+        return cls.vector_tier(c) >= tier and spreads(cls.vector_loads(c), fv)
+
+    for c0 in itertools.product(*(range(s + 1) for s in cls.supply)):
+        c1 = [s - x for s, x in zip(cls.supply, c0)]
+        master = _Master(cls, 2, lambda n: math.inf)
+        master.cut(f, tier)
+        for j, x in enumerate(c0):
+            master.m.Add(master.c[0][j] == x)
+        got = master.solve(5.0)
+        l0, l1 = sum(cls.vector_loads(c0)), sum(cls.vector_loads(c1))
+        want = l0 >= l1 and not cut(list(c0)) and not cut(c1)
+        assert (got not in (None, False)) == want, (cls, f, tier, c0)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_models_cut_is_exactly_not_spreading(seed):
     """``_Master.cut(f)`` admits a GPU exactly when it does not spread ``f``: every split of a
     small supply over two GPUs, fixed in the model, is feasible iff neither GPU spreads ``f``
     (and the loads are in order)."""
-    from optim.class_exclusion import LoadClasses, _Master, spreads
+    from optim.class_exclusion import LoadClasses
     rng = np.random.default_rng(seed)
     w = tuple(sorted((float(x) for x in rng.choice([1, 2, 3, 5, 8], 3, replace=False)),
                      reverse=True))
@@ -402,18 +424,7 @@ def test_the_models_cut_is_exactly_not_spreading(seed):
     f = [int(rng.integers(0, s + 1)) for s in cls.supply]
     if sum(f) == 0:
         f[-1] = 1
-    fv = cls.vector_loads(f)
-    for c0 in itertools.product(*(range(s + 1) for s in cls.supply)):
-        c1 = [s - x for s, x in zip(cls.supply, c0)]
-        master = _Master(cls, 2, lambda n: math.inf)
-        master.cut(f)
-        for j in range(3):
-            master.m.Add(master.c[0][j] == c0[j])
-        got = master.solve(5.0)
-        l0, l1 = sum(cls.vector_loads(c0)), sum(cls.vector_loads(c1))
-        want = (l0 >= l1 and not spreads(cls.vector_loads(c0), fv)
-                and not spreads(cls.vector_loads(c1), fv))
-        assert (got not in (None, False)) == want, (w, cls.supply, f, c0)
+    _assert_two_gpu_cut_exact(cls, f, 0)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -439,7 +450,7 @@ def test_one_gpus_cut_is_exactly_not_spreading_on_random_vectors(seed):
                         f[min(4, j + int(rng.integers(0, 2)))] += 1
         if sum(f) == 0:
             f[-1] = 1
-        cls = LoadClasses(w, tuple(max(x, 0) for x in c))
+        cls = LoadClasses(w, tuple(c))
         master = _Master(cls, 1, lambda n: math.inf)
         master.cut(f)
         got = master.solve(5.0)
@@ -455,7 +466,7 @@ def test_the_models_tiered_cut_is_exactly_not_spreading_at_that_rank_or_above(se
     ``f`` at tier ``t`` admits a GPU exactly when it holds no tier ``t`` or above or does not
     spread ``f``: every split over two GPUs, fixed in the model, is feasible iff neither GPU is
     cut (and the loads are in order)."""
-    from optim.class_exclusion import LoadClasses, _Master, spreads
+    from optim.class_exclusion import LoadClasses
     rng = np.random.default_rng(100 + seed)
     loads = sorted((float(x) for x in rng.choice([1, 2, 3, 5, 8], 3, replace=False)),
                    reverse=True)
@@ -466,26 +477,10 @@ def test_the_models_tiered_cut_is_exactly_not_spreading_at_that_rank_or_above(se
                       tuple(t for _, t in classes))
     if cls.n_tiers < 2:
         cls = LoadClasses(cls.loads, cls.supply, (1,) + cls.tiers[1:])
-    J = len(cls.loads)
     f = [int(rng.integers(0, s + 1)) for s in cls.supply]
     if sum(f) == 0:
         f[-1] = 1
-    tier = int(rng.integers(0, cls.n_tiers))
-    fv = cls.vector_loads(f)
-
-    def cut(c) -> bool:
-        return cls.vector_tier(c) >= tier and spreads(cls.vector_loads(c), fv)
-
-    for c0 in itertools.product(*(range(s + 1) for s in cls.supply)):
-        c1 = [s - x for s, x in zip(cls.supply, c0)]
-        master = _Master(cls, 2, lambda n: math.inf)
-        master.cut(f, tier)
-        for j in range(J):
-            master.m.Add(master.c[0][j] == c0[j])
-        got = master.solve(5.0)
-        l0, l1 = sum(cls.vector_loads(c0)), sum(cls.vector_loads(c1))
-        want = l0 >= l1 and not cut(list(c0)) and not cut(c1)
-        assert (got not in (None, False)) == want, (cls, f, tier, c0)
+    _assert_two_gpu_cut_exact(cls, f, int(rng.integers(0, cls.n_tiers)))
 
 
 @pytest.mark.parametrize("seed", range(20))
