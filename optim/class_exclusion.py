@@ -40,12 +40,12 @@ or a higher one) passes without one (the same premises: a GPU easier than one no
 failing is not shown failing either, which can only leave a split unexcluded, never exclude
 one). When every proposed GPU passes (or the ``max_checks`` GPU checks or ``MAX_ROUNDS``
 solves are spent) nothing is shown; every check is cached on disk
-(``feasibility.gpu_excluded``) and the search's progress is saved every round (``class_excluded``'s ``save`` / ``resume``: the cuts
-in their order, the vectors shown failing or passing), so a larger budget or a rerun after a
-stop goes on where the search stopped, with the same proposals, instead of solving the model
-again round by round. A cut's clause is a few linear inequalities over the class counts:
-on a 15-class SLO point after 38 cuts the model has 498 variables and a round's solve takes
-0.1 s.
+(``feasibility.gpu_excluded``) and the search's progress is saved every round
+(``class_excluded``'s ``save`` / ``resume``: the cuts in their order, the vectors shown
+failing or passing), so a larger budget or a rerun after a stop goes on where the search
+stopped, with the same proposals, instead of solving the model again round by round. A cut's
+clause is a few linear inequalities over the class counts: on a 15-class SLO point after 38
+cuts the model has 498 variables and a round's solve takes 0.1 s.
 
 The first solve, before any check, uses the caps and the supply alone: it excludes k GPUs
 where the count-partition bound (``count_bound``) lets every GPU take the heaviest adapters at
