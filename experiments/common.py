@@ -17,6 +17,29 @@ SHARED_ENV = "LORA_SHARED_DATA"
 COUNTING = {"tune_amax": False}
 
 
+def add_class_checks_option(ap) -> None:
+    """The studies' ``--class-checks N``: the class step's GPU-check budget where a point is
+    one GPU above its bound (``feasibility.raise_bound_to``); a larger budget than a stopped
+    search had goes on from its saved progress."""
+    import argparse
+
+    from optim.class_exclusion import CLASS_CHECKS
+
+    def budget(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a whole number of GPU checks, got {text!r}")
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0 (0: cached results only), got {n}")
+        return n
+
+    ap.add_argument("--class-checks", type=budget, default=CLASS_CHECKS, metavar="N",
+                    help="GPU checks the class step may spend on a point one GPU above its "
+                         "bound (0: its cached results only; a larger budget goes on from a "
+                         "stopped search's saved progress; default %(default)s)")
+
+
 def git_commit(mark_changes: bool = False) -> str:
     """The checkout's short commit hash (``unknown`` outside git); with ``mark_changes``,
     ``+changes`` appended when tracked files differ from it."""

@@ -60,7 +60,8 @@ from optim.supply_exclusion import SUPPLY_CHECKS
 from optim.instance import Instance, InstanceError, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
-from .common import COUNTING, REPO, RowStore, git_commit, instance_point_key
+from .common import (COUNTING, REPO, RowStore, add_class_checks_option, git_commit,
+                     instance_point_key)
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
@@ -251,27 +252,30 @@ def accepted_counts(rows: Sequence[dict]) -> list[int]:
 
 
 def point_bound(inst: Instance, bound, counts: Sequence[int], duration_s: float,
-                workers: int | None) -> int:
+                workers: int | None, class_checks: int | None = None) -> int:
     """The point's ``lb``: the twin lower bound, raised by the exclusion of the best count minus
     one without the bound's load thresholds where the best count is one above it
-    (``feasibility.raise_bound_to``) — the same for a solve and for ``--rebound``."""
+    (``feasibility.raise_bound_to``; its class step with ``class_checks`` GPU checks, default
+    ``class_exclusion.CLASS_CHECKS``) — the same for a solve and for ``--rebound``."""
     if counts and min(counts) == bound.best + 1:
         return raise_bound_to(inst, bound.best, min(counts), duration_s, workers,
-                              SUPPLY_CHECKS, full_counts=True)
+                              SUPPLY_CHECKS, full_counts=True, class_checks=class_checks)
     return bound.best
 
 
-def rebound(inst: Instance, part, workers: int | None, pair_checks: int) -> tuple[int, int]:
+def rebound(inst: Instance, part, workers: int | None, pair_checks: int,
+            class_checks: int | None = None) -> tuple[int, int]:
     """(lb, lb_one) of one instance's stored rows ``part`` with the current code."""
     dur = float(part["duration_s"].iloc[0])
     b = twin_lower_bound(inst, dur, workers, pair_checks, full_counts=True)
     return point_bound(inst, b, accepted_counts(part.to_dict(orient="records")), dur,
-                       workers), b.one_adapter
+                       workers, class_checks), b.one_adapter
 
 
 def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_extra: int,
                 pair_checks: int, workers: int | None, store: RowStore | None, head: dict,
-                commit: str, keep_bound: bool = False) -> list[dict]:
+                commit: str, keep_bound: bool = False,
+                class_checks: int | None = None) -> list[dict]:
     """Every method's row at one instance (``gpus_needed``; ``head`` starts each row), with
     the twin lower bound ``lb`` and ``lb_one``; rows already in ``store`` are taken from it and
     new ones appended. Where the best count is one above the bound, the exclusion for that
@@ -301,7 +305,7 @@ def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_e
         mine.append(row)
     if bound is None:
         return mine
-    lb = point_bound(inst, bound, accepted_counts(mine), duration_s, workers)
+    lb = point_bound(inst, bound, accepted_counts(mine), duration_s, workers, class_checks)
     if lb != bound.best:
         mine = [{**r, "lb": lb} for r in mine]
     for m, row in zip(methods, mine):
@@ -333,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pair-checks", type=int, default=PAIR_CHECKS,
                     help="GPU checks the bound may spend showing that no split over two GPUs "
                          "is accepted, where two are left (0: skip; default %(default)s)")
+    add_class_checks_option(ap)
     ap.add_argument("--store", default=str(REPO / "experiments" / "evidence" /
                                            "gpu_savings_points.jsonl"),
                     help="each point's row is appended here as it finishes (a committed file: "
@@ -402,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kept = RowStore(Path(a.store)) if a.store else None
         for name, part in tqdm(old.groupby("instance", sort=False), desc="bounds", unit="inst"):
             inst = loaded[by_name[name]]
-            lb, one = rebound(inst, part, a.workers, a.pair_checks)
+            lb, one = rebound(inst, part, a.workers, a.pair_checks, a.class_checks)
             new = [{**r, "lb": lb, "lb_one": one} for r in part.to_dict(orient="records")]
             rows += new
             for r in new if kept is not None else ():
@@ -421,7 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
         sc = scenario_of(inst)
         rows += solve_point(inst, methods, dur, a.max_extra, a.pair_checks, a.workers, store,
-                            {"instance": inst.name, **sc}, commit)
+                            {"instance": inst.name, **sc}, commit,
+                            class_checks=a.class_checks)
     df = pd.DataFrame(rows)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Placement under latency SLOs: GPUs needed at three SLO levels against the 90 % rule.
 
 ``python -m experiments.slo_placement [--quick] [--methods greedy,loraserve] [--workers W]
-[--out-dir DIR] [--store FILE] [--rebound] [--keep-bounds]``
+[--out-dir DIR] [--store FILE] [--rebound] [--keep-bounds] [--class-checks N]``
 
 For each paper instance (``--quick``: the Llama scenarios at their 2nd and 4th smallest adapter
 counts, 600 s twin window; else every paper instance with its own window) and each level below, every
@@ -50,7 +50,7 @@ from optim.instance import Instance, load_instance
 from optim.methods import method_names
 from twin.slo import Slo
 
-from .common import REPO, git_commit
+from .common import REPO, add_class_checks_option, git_commit
 from .gpu_savings import (PAPER_DIR, RowStore, point_key, rebound, scenario_of,
                           select_instances, solve_point)
 
@@ -99,10 +99,11 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
 
 def rebound_point(inst: Instance, methods: Sequence[str], rows: list[dict], duration_s: float,
-                  workers: int | None, store: RowStore | None) -> list[dict]:
+                  workers: int | None, store: RowStore | None,
+                  class_checks: int | None = None) -> list[dict]:
     """``rows`` (one per method) with ``lb`` recomputed by the current bound code
     (``gpu_savings.rebound``); changed rows are stored again under their keys."""
-    lb, one = rebound(inst, pd.DataFrame(rows), workers, 0)
+    lb, one = rebound(inst, pd.DataFrame(rows), workers, 0, class_checks)
     out = [{**r, "lb": lb, "lb_one": one} for r in rows]
     if store is not None:
         for m, old, new in zip(methods, rows, out):
@@ -133,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a point missing one method's row runs that method only and takes "
                          "the lower bound stored with its other rows (--rebound recomputes "
                          "it); without this the bound is computed anew")
+    add_class_checks_option(ap)
     a = ap.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in method_names()]
@@ -157,8 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         got = solve_point(inst, methods, dur, MAX_EXTRA, 0, a.workers, store,
                           {"instance": inst.name, **scenario_of(inst), "level": level,
                            "slo": inst.slo.describe() if inst.slo else "90 % rule"}, commit,
-                          keep_bound=a.keep_bounds)
-        rows += rebound_point(inst, methods, got, dur, a.workers, store) if a.rebound else got
+                          keep_bound=a.keep_bounds, class_checks=a.class_checks)
+        rows += (rebound_point(inst, methods, got, dur, a.workers, store, a.class_checks)
+                 if a.rebound else got)
     df = pd.DataFrame(rows)
     df["certified"] = df["gpus"].notna() & (df["gpus"] == df["lb"])
     out = Path(a.out_dir)

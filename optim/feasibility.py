@@ -1013,10 +1013,9 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     spreads them, :func:`gpu_excluded` with its spread margin, same premises as the supply
     steps; with several ranks, classes of load and rank, every GPU checked at the server rank
     of the largest rank it holds with its adapters at the smallest) with ``max_checks`` GPU
-    checks (default
-    ``class_exclusion.CLASS_CHECKS``; 0: only a cached success of that default).
-    ``cached_only``: read the cache and nothing else (not even the caps-only solve). Cached on
-    disk."""
+    checks (default ``class_exclusion.CLASS_CHECKS``; a larger budget goes on from the saved
+    search; 0: only a cached success, of any budget). ``cached_only``: read the cache and
+    nothing else (not even the caps-only solve). Cached on disk."""
     from .class_exclusion import (CLASS_CHECKS, CLASS_SOUND_VERSIONS, CLASS_VERSION,
                                   MAX_CLASSES, class_excluded, load_classes)
     inst = inst.bound_view()       # classes: the loosest SLO they allow
@@ -1049,8 +1048,9 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
                 progress=progress, trace=trace, ranks=ranks, resume=resume,
                 save=None if fails is None else (lambda st: _disk_put(where, st))))
 
-    # an exclusion cached by any sound version stands; a "not shown" only the current one's
-    stages = ["caps"] + list(dict.fromkeys((CLASS_CHECKS, checks)))
+    # an exclusion cached by any sound version stands, whatever budget found it ("proven"); a
+    # "not shown" only the current version's at this budget
+    stages = ["caps", "proven"] + list(dict.fromkeys((CLASS_CHECKS, checks)))
     hit = _cached_exclusion([(key(budget, v), v == CLASS_VERSION and budget == checks)
                              for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
                              for budget in stages])
@@ -1072,7 +1072,12 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     # every GPU checked at the server rank of the largest rank it holds, its adapters at the
     # smallest rank (the least work there: the GPU at its own ranks fails where that one does)
     check = _least_work_check(inst, duration_s, workers)
-    return search(checks, lambda v, rank=r0: check(np.asarray(v), rank))
+    out = search(checks, lambda v, rank=r0: check(np.asarray(v), rank))
+    if out:                 # found by any budget: read by every later call
+        from .capacity import _disk_put
+        _disk_put(key("proven"), {"excluded": True, "instance": inst.name, "k": int(k),
+                                  "duration_s": float(duration_s), "max_checks": checks})
+    return out
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,
@@ -1088,7 +1093,7 @@ CERT_PAIR_MAX_ADAPTERS = 512   # ... on instances of at most this many adapters
 
 def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
                    workers: int | None = None, supply_checks: int = SUPPLY_SOLVE_CHECKS,
-                   full_counts: bool = False) -> int:
+                   full_counts: bool = False, class_checks: int | None = None) -> int:
     """``target`` when the twin-sound exclusions show that no twin-accepted placement uses
     ``target - 1`` = ``lb`` GPUs, else ``lb``: the checks a certificate needs when a placement
     is one GPU above the bound, run without the load thresholds ``twin_lower_bound`` uses to
@@ -1101,8 +1106,8 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     with up to ``CERT_PAIR_CHECKS`` GPU checks, same assumptions; instances of at most
     ``CERT_PAIR_MAX_ADAPTERS`` adapters, whose GPU checks take seconds, not minutes); any k:
     last, every GPU's vector of load-class counts (``class_gpus_excluded``: the caps and the
-    supply alone, then ``class_exclusion.CLASS_CHECKS`` GPU checks where
-    ``supply_checks`` > 0), the supply of the heaviest adapters (``supply_gpus_excluded``), and
+    supply alone, then ``class_checks`` GPU checks, default ``class_exclusion.CLASS_CHECKS``,
+    where ``supply_checks`` > 0: a larger budget goes on from the saved search), the supply of the heaviest adapters (``supply_gpus_excluded``), and
     for two GPUs that of the two heaviest load classes (``pair_supply_gpus_excluded``), each
     with ``supply_checks`` GPU checks: ``supply_exclusion.SUPPLY_CHECKS`` in the studies
     (minutes on many adapters), none on a solve's path (``SUPPLY_SOLVE_CHECKS``), which takes a
@@ -1128,7 +1133,7 @@ def raise_bound_to(inst: Instance, lb: int, target: int, duration_s: float,
     if (lb == 2 and len(inst.adapters) <= CERT_PAIR_MAX_ADAPTERS
             and two_gpus_excluded(inst, duration_s, workers, CERT_PAIR_CHECKS)):
         return target
-    if class_gpus_excluded(inst, lb, duration_s, workers, None if supply_checks else 0):
+    if class_gpus_excluded(inst, lb, duration_s, workers, class_checks if supply_checks else 0):
         return target
     if supply_gpus_excluded(inst, lb, duration_s, workers, supply_checks):
         return target

@@ -231,6 +231,10 @@ def test_a_certificate_runs_the_class_exclusion_with_the_studys_budget(monkeypat
     assert F.raise_bound_to(inst, 2, 3, 120.0, supply_checks=128) == 2
     # a study reads the searches' cached successes first (max_checks 0), then runs them
     assert calls == [(3, 0), (3, "cache"), (3, None), (2, "cache"), (2, None)]
+    del calls[:]                                # a study's own budget (--class-checks)
+    assert F.raise_bound_to(inst, 3, 4, 120.0, supply_checks=128, class_checks=900) == 3
+    assert F.raise_bound_to(inst, 3, 4, 120.0, class_checks=900) == 3   # a solve: still 0
+    assert calls == [(3, "cache"), (3, 900), (3, 0)]
 
 
 def test_a_studys_class_exclusion_holds_for_a_solve(tmp_path, monkeypatch):
@@ -322,6 +326,29 @@ def test_a_stopped_checked_search_resumes_from_its_saved_progress(tmp_path, monk
     assert seen[2] == (False, {"v": 1, "rounds": 2}, False)    # the first search's progress
     assert F.class_gpus_excluded(inst, 2, 120.0, max_checks=10) is False
     assert seen[-1][1] is None                                 # another k: its own
+
+
+def test_an_exclusion_found_with_a_larger_budget_is_read_by_every_later_call(tmp_path,
+                                                                            monkeypatch):
+    """A checked search that excludes only with a larger budget than the default (a study's
+    ``--class-checks``) is recorded so that every later call reads it without searching: the
+    default budget, a solve's path (0) and the cache alone."""
+    import optim.class_exclusion as C
+    from optim import feasibility as F
+    seen = _fake_checked_search(tmp_path, monkeypatch, lambda n: {"v": 1, "rounds": n})
+    monkeypatch.setattr(C, "class_excluded",
+                        lambda loads, k, cap_of, fails, checks, **kw:
+                        seen.append(checks) or (fails is not None and checks >= 500))
+    inst = _cert_instance()
+    assert F.class_gpus_excluded(inst, 3, 120.0) is False          # the default budget
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=600) is True
+    searched = len(seen)
+    assert seen[-1] == 600
+    assert F.class_gpus_excluded(inst, 3, 120.0) is True
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=0) is True
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=0, cached_only=True) is True
+    assert len(seen) == searched                                   # none searched again
+    assert F.class_gpus_excluded(inst, 2, 120.0, max_checks=0) is False   # another k: its own
 
 
 def test_a_search_of_a_new_version_resumes_an_earlier_sound_versions_progress(tmp_path,

@@ -17,7 +17,8 @@ def _patch(monkeypatch, best: int, raised: int, calls: list):
                         lambda inst, dur, workers, pair, full_counts=False:
                         SimpleNamespace(best=best, one_adapter=1))
 
-    def raise_to(inst, lb, count, dur, workers, supply_checks=None, full_counts=False):
+    def raise_to(inst, lb, count, dur, workers, supply_checks=None, full_counts=False,
+                 class_checks=None):
         calls.append((lb, count, dur))
         return raised
     monkeypatch.setattr(GS, "raise_bound_to", raise_to)
@@ -77,7 +78,7 @@ def test_rebound_stores_a_changed_bound_back_under_the_point_key(tmp_path, monke
     row = {"instance": inst.name, "method": "greedy", "gpus": 3, "failed": False,
            "duration_s": 3600.0, "lb": 2, "lb_one": 2, "n": 16, "scenario": "s"}
     store.put(f"{inst.name}/greedy/3600.0", row)
-    monkeypatch.setattr(GS, "rebound", lambda inst, part, workers, pair: (3, 2))
+    monkeypatch.setattr(GS, "rebound", lambda inst, part, workers, pair, checks=None: (3, 2))
     args = ["--rebound", str(store.path), "--store", str(store.path), "--instances",
             str(folder), "--methods", "greedy", "--out-dir", str(tmp_path / "out")]
     GS.main(args)
@@ -108,14 +109,14 @@ def test_rebound_with_match_bounds_only_the_matching_points(tmp_path, monkeypatc
         store.put(f"{name}/greedy/3600.0", {**row, "instance": name})
     seen: list = []
 
-    def rebound(inst, part, workers, pair):
-        seen.append(inst.name)
+    def rebound(inst, part, workers, pair, class_checks=None):
+        seen.append((inst.name, class_checks))
         return 3, 2
     monkeypatch.setattr(GS, "rebound", rebound)
     args = ["--rebound", str(store.path), "--store", str(store.path), "--instances",
             str(folder), "--methods", "greedy", "--out-dir", str(tmp_path / "out")]
-    assert GS.main(args + ["--match", "rlow"]) == 0
-    assert seen == ["paper-llama-rlow-qhigh-n16"]
+    assert GS.main(args + ["--match", "rlow", "--class-checks", "50"]) == 0
+    assert seen == [("paper-llama-rlow-qhigh-n16", 50)]
     kept = RowStore(store.path)
     assert kept.get("paper-llama-rlow-qhigh-n16/greedy/3600.0")["lb"] == 3
     assert kept.get("paper-llama-rhigh-qhigh-n16/greedy/3600.0")["lb"] == 2

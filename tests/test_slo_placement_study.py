@@ -24,13 +24,13 @@ def test_rebound_recomputes_the_bound_and_stores_only_changed_rows(tmp_path, mon
     monkeypatch.setattr(G, "twin_lower_bound",
                         lambda *a, **k: SimpleNamespace(best=2, one_adapter=1))
 
-    def point_bound(inst_, bound, counts, duration_s, workers):
-        seen["counts"] = counts
+    def point_bound(inst_, bound, counts, duration_s, workers, class_checks=None):
+        seen["counts"], seen["class_checks"] = counts, class_checks
         return 3
     monkeypatch.setattr(G, "point_bound", point_bound)
     store = RowStore(tmp_path / "rows.jsonl")
-    out = S.rebound_point(inst, ["greedy", "loraserve"], rows, 600.0, 1, store)
-    assert seen["counts"] == [3, 4]
+    out = S.rebound_point(inst, ["greedy", "loraserve"], rows, 600.0, 1, store, 700)
+    assert seen["counts"] == [3, 4] and seen["class_checks"] == 700     # --class-checks
     assert [r["lb"] for r in out] == [3, 3] and [r["gpus"] for r in out] == [3, 4]
     key = S.point_key(inst, "greedy", 600.0, S.MAX_EXTRA, 0)
     assert RowStore(tmp_path / "rows.jsonl").get(key)["lb"] == 3
@@ -72,3 +72,16 @@ def test_keep_bound_reruns_a_missing_method_with_the_points_stored_bound(tmp_pat
     with pytest.raises(AssertionError, match="the bound was computed"):
         G.solve_point(inst, ["greedy", "loraserve"], 600.0, S.MAX_EXTRA, 0, 1, fresh,
                       {"instance": "keep"}, "abc")
+
+
+@pytest.mark.parametrize("main", [S.main, G.main])
+@pytest.mark.parametrize("value, reason", [("-1", "must be >= 0"),
+                                           ("many", "a whole number of GPU checks")])
+def test_the_studies_refuse_a_bad_class_check_budget(main, value, reason, capsys):
+    """``--class-checks``: a negative or non-integer budget is refused before any work, the
+    message naming the option and the reason."""
+    with pytest.raises(SystemExit) as e:
+        main(["--class-checks", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--class-checks" in err and reason in err
