@@ -276,9 +276,11 @@ def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[in
     bisection, a load 1 % above the result is replayed, and a pair found unstarved there is
     bisected again from that load (throughput need not fall monotonically). Under a latency
     ``slo`` the limit can lie far below a throughput guess: the bracket then steps down by
-    ``SLO_BRACKET_STEP`` (up by 1 % as before)."""
-    down = 1.01 if slo is None else SLO_BRACKET_STEP
-    floor = 0.5 if slo is None else 1e-4
+    ``SLO_BRACKET_STEP`` (up by 1 % as before); so does a bracket without one once it is below
+    half the guess (a short window, whose requests still running at its end count as unserved,
+    puts the limit there), the 1 % steps above it unchanged. ``ValueError`` when the load is
+    starved even at ``1e-4`` x the guess."""
+    floor = 1e-4
     lo = [0.0] * len(pairs)
     hi = [0.0] * len(pairs)
     probe = [guess] * len(pairs)
@@ -295,11 +297,14 @@ def _bisect_limits(prof: GpuProfile, rank: int, n: int, pairs: Sequence[tuple[in
                     probe[i] *= 1.01
                 else:
                     hi[i] = probe[i] if hi[i] == 0.0 else min(hi[i], probe[i])
-                    probe[i] /= down
+                    probe[i] /= (1.01 if slo is None and probe[i] >= 0.5 * guess
+                                 else SLO_BRACKET_STEP)
                 if lo[i] == 0.0 and probe[i] < floor * guess:
                     raise ValueError(f"profile '{prof.name}': {n} adapter(s) of rank {rank} "
-                                     + ("starve at any load" if slo is None else
-                                        f"miss the SLO {slo.describe()} at any load"))
+                                     + ("starve" if slo is None else
+                                        f"miss the SLO {slo.describe()}")
+                                     + f" at every load down to {floor * guess:.3g} tok/s in a "
+                                     f"{duration_s:g} s twin window")
         while True:                                    # bisection
             todo = [i for i in range(len(pairs)) if hi[i] / lo[i] > 1 + rtol]
             if not todo:
