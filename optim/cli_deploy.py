@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_REJECTED, CliError, HelpFormatter,
                               check_output, float_above, int_at_least, nonneg_int, write_output)
@@ -65,9 +66,31 @@ def cmd_deploy(a: argparse.Namespace) -> int:
     return 0
 
 
+def _new_instance(path: str, prev, prev_path: str):
+    """The re-plan's instance: an instance JSON, or an adapters CSV built with the inputs
+    ``optim plan`` recorded in the previous plan (GPU pool, model, window, seed, SLO,
+    headroom), as ``optim plan`` would build it."""
+    from .instance import InstanceError, load_instance
+    from .plan import PlanError, PlanInputs
+    if Path(path).suffix.lower() != ".csv":
+        try:
+            return load_instance(path)
+        except InstanceError as e:
+            raise CliError(str(e)) from None
+    raw = prev.params.get("plan_inputs")
+    if raw is None:
+        raise CliError(f"instance {path}: an adapters CSV needs a previous plan written by "
+                       f"`optim plan` (its inputs: GPU, model, window, SLO); --previous "
+                       f"{prev_path} records none: give an instance JSON")
+    try:
+        return PlanInputs.from_dict(raw, f"--previous {prev_path}: params.plan_inputs"
+                                    ).instance(path)
+    except PlanError as e:
+        raise CliError(str(e)) from None
+
+
 def cmd_replan(a: argparse.Namespace) -> int:
     from .deploy import DeployError, load_plan
-    from .instance import InstanceError, load_instance
     from .methods import MethodOptions, solve
     from .replan import ReplanOptions, replan
     json_out = check_output(a.json, "--json", a.force)
@@ -77,10 +100,7 @@ def cmd_replan(a: argparse.Namespace) -> int:
         raise CliError(f"--previous: {e}") from None
     if not prev.gpus:
         raise CliError(f"--previous {a.previous}: the plan has no GPUs (status {prev.status})")
-    try:
-        inst = load_instance(a.instance)
-    except InstanceError as e:
-        raise CliError(str(e)) from None
+    inst = _new_instance(a.instance, prev, a.previous)
     from .replan import check_same_model
     check_same_model(prev, inst, a.previous, a.instance)     # before any solve or replay
     headroom = a.headroom if a.headroom is not None else (
@@ -111,6 +131,8 @@ def cmd_replan(a: argparse.Namespace) -> int:
     finally:
         twin.fleet.show_progress = False
     p = res.placement
+    if Path(a.instance).suffix.lower() == ".csv":   # the next re-plan of a CSV builds as this
+        p = p.with_(params={**p.params, "plan_inputs": prev.params["plan_inputs"]})
     print(p.table())
     c = res.churn
     print(f"churn: moves={c.moves} loads={c.loads} unloads={c.unloads} "
@@ -181,7 +203,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
                                    "new ones; add GPUs when needed, drain GPUs within the churn "
                                    "budget. Prints the plan and its churn (moves, loads, GPU "
                                    "adds/removes).")
-    r.add_argument("instance", help="the new instance JSON")
+    r.add_argument("instance", help="the new instance JSON, or an adapters CSV (id,rank,rate) "
+                                    "when --previous is a plan of `optim plan`: its GPU pool, "
+                                    "model, window, seed, SLO and headroom are kept")
     r.add_argument("--previous", required=True, help="previous plan JSON (`optim solve --json`)")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--churn-weight", type=float_above(0.0, inclusive=True), default=None,

@@ -5,7 +5,6 @@ path from a CSV of adapters to a plan folder (``optim.plan``)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED, CliError,
@@ -13,7 +12,7 @@ from twin.cli_support import (EXIT_CODES_EPILOG, EXIT_INFEASIBLE, EXIT_REJECTED,
                               slo_argument, slo_class_argument, SLO_HELP)
 from twin.limits import MAX_DURATION_S
 
-from .plan import (DEFAULT_DURATION_S, EXAMPLE_CSV, PlanError, make_plan, parse_pool, plan_instance,
+from .plan import (DEFAULT_DURATION_S, EXAMPLE_CSV, PlanError, PlanInputs, make_plan, parse_pool,
                    summary_lines)
 
 
@@ -31,12 +30,14 @@ def cmd_plan(a: argparse.Namespace) -> int:
     try:
         from .plan import check_plan_dir
         check_plan_dir(out, a.force)
-        pool = [parse_pool(x) for x in a.pool or ()]
-        inst = plan_instance(a.adapters, a.gpu, a.model, pool, a.objective, a.duration, a.seed,
-                             a.name, a.max_homes, slo_argument(a.slo),
-                             [slo_class_argument(x) for x in a.slo_class or ()])
-        if not a.no_headroom:           # twin.headroom: every GPU must pass with it
-            inst = replace(inst, headroom=True)
+        slo = slo_argument(a.slo)
+        # twin.headroom: unless --no-headroom, every GPU must pass with it
+        inputs = PlanInputs(a.gpu, a.model, tuple(parse_pool(x) for x in a.pool or ()),
+                            a.objective, a.duration, a.seed, a.max_homes,
+                            slo.to_dict() if slo is not None else None,
+                            tuple(slo_class_argument(x) for x in a.slo_class or ()),
+                            not a.no_headroom)
+        inst = inputs.instance(a.adapters, a.name)
         from .cli_deploy import deploy_targets
         from .deploy import DeployOptions
         targets = deploy_targets(a.target)
@@ -46,7 +47,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
                             a.quiet, DeployOptions(targets=targets,
                                                    allow_rejected=a.allow_rejected,
                                                    headroom=not a.no_headroom),
-                            tune_amax=a.tune_amax)
+                            tune_amax=a.tune_amax, inputs=inputs)
     except PlanError as e:
         raise CliError(str(e)) from None
     for line in summary_lines(res, out):

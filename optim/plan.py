@@ -14,7 +14,9 @@ runs the stages an operator needs, each announced on stderr as it starts:
    together, it carries unstarved at its max_loras) and, for the busiest GPUs, twin throughput / offered load against ``max_loras`` with the
    chosen point and the starvation line; under a latency SLO also their p99 TTFT and p99 ITL
    against ``max_loras`` with the SLO's bounds (the residency cliff, ``twin.cliff``);
-4. the files: ``placement.json`` (the full record with its claim and bound), the deployment
+4. the files: ``placement.json`` (the full record with its claim and bound, and in
+   ``params.plan_inputs`` the options the instance was built with, :class:`PlanInputs`, so
+   ``optim replan NEW.csv --previous plan/placement.json`` builds the next one alike), the deployment
    files of ``optim.deploy`` (vLLM command per GPU, routing table, control-plane manifests) and
    ``report.md`` + ``report.png``.
 
@@ -144,6 +146,74 @@ def _default_count(adapters_csv: Path, gpu: str, model: str, name: str, base: di
                                str(adapters_csv), adapters_csv.parent)
     n = len(probe.adapters)
     return max(1, min(n, 2 * gpu_lower_bound(probe) + 2))
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What ``optim plan`` builds its instance from besides the adapters CSV, recorded in the
+    plan's ``params.plan_inputs``: ``optim replan NEW.csv --previous plan/placement.json``
+    builds the new instance from them, as ``optim plan NEW.csv`` with the same options would
+    (``slo``: the ``Slo`` JSON object; ``slo_classes``: (class, bounds) pairs)."""
+
+    gpu: str = "H100"
+    model: str = "llama-3.1-8b-instruct"
+    pool: tuple[PoolEntry, ...] = ()
+    objective: str = "gpus"
+    duration_s: float = DEFAULT_DURATION_S
+    seed: int = 0
+    max_homes: int = 1
+    slo: dict | None = None
+    slo_classes: tuple[tuple[str, dict], ...] = ()
+    headroom: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "model": self.model,
+                "pool": [{"gpu": e.gpu, "count": e.count, "price_per_hour": e.price_per_hour}
+                         for e in self.pool],
+                "objective": self.objective, "duration_s": self.duration_s, "seed": self.seed,
+                "max_homes": self.max_homes, "slo": self.slo,
+                "slo_classes": [[c, dict(b)] for c, b in self.slo_classes],
+                "headroom": self.headroom}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "plan_inputs") -> "PlanInputs":
+        """The inputs of a plan's record; ``PlanError`` naming the field when one is missing or
+        of the wrong type (the values themselves are checked as ``optim plan`` checks them)."""
+        if not isinstance(d, dict):
+            raise PlanError(f"{where}: must be an object, got {type(d).__name__}")
+        bad = sorted(set(d) - set(cls().to_dict()))
+        if bad:
+            raise PlanError(f"{where}: unknown field(s) {bad}")
+        kinds = {"gpu": str, "model": str, "pool": list, "objective": str,
+                 "duration_s": (int, float), "seed": int, "max_homes": int,
+                 "slo": (dict, type(None)), "slo_classes": list, "headroom": bool}
+        for k, t in kinds.items():
+            if k not in d:
+                raise PlanError(f"{where}.{k}: missing")
+            if not isinstance(d[k], t) or (t is int and isinstance(d[k], bool)):
+                raise PlanError(f"{where}.{k}: wrong type {type(d[k]).__name__}")
+        try:
+            pool = tuple(PoolEntry(str(e["gpu"]), e.get("count"), e.get("price_per_hour"))
+                         for e in d["pool"])
+            classes = tuple((str(c), dict(b)) for c, b in d["slo_classes"])
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            raise PlanError(f"{where}.pool / slo_classes: malformed ({e})") from None
+        return cls(d["gpu"], d["model"], pool, d["objective"], float(d["duration_s"]),
+                   d["seed"], d["max_homes"], d["slo"], classes, d["headroom"])
+
+    def instance(self, adapters_csv: str | Path, name: str | None = None) -> Instance:
+        """The instance ``optim plan`` builds from ``adapters_csv`` with these inputs."""
+        slo = None
+        if self.slo is not None:
+            from twin.slo import Slo
+            try:
+                slo = Slo.from_dict(self.slo, "plan_inputs.slo")
+            except ValueError as e:
+                raise PlanError(str(e)) from None
+        inst = plan_instance(adapters_csv, self.gpu, self.model, self.pool, self.objective,
+                             self.duration_s, self.seed, name, self.max_homes, slo,
+                             self.slo_classes)
+        return replace(inst, headroom=True) if self.headroom else inst
 
 
 def plan_instance(adapters_csv: str | Path, gpu: str = "H100",
@@ -653,9 +723,11 @@ def _bound_cached(inst: Instance, dur: float) -> bool:
 def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective: str | None = None,
               time_limit_s: float | None = None, workers: int | None = None,
               force: bool = False, quiet: bool = False, deploy_opts=None,
-              tune_amax: bool = True) -> PlanResult:
+              tune_amax: bool = True, inputs: PlanInputs | None = None) -> PlanResult:
     """Run the stages of the module docstring and write the plan folder ``out`` (``tune_amax``:
-    each GPU's Amax its best integer in the twin, ``optim.amax_tuning``)."""
+    each GPU's Amax its best integer in the twin, ``optim.amax_tuning``; ``inputs``: what
+    ``inst`` was built from, recorded in ``placement.json``'s ``params.plan_inputs`` for
+    ``optim replan NEW.csv``)."""
     from .deploy import DeployOptions, write_deployment
     from .feasibility import twin_lower_bound
     from .methods import MethodOptions, solve
@@ -717,6 +789,8 @@ def make_plan(inst: Instance, out: str | Path, method: str = "greedy", objective
     opts = deploy_opts if deploy_opts is not None else DeployOptions()
     out.mkdir(parents=True, exist_ok=True)
     record = json.loads(p.to_json())
+    if inputs is not None:
+        record["params"]["plan_inputs"] = inputs.to_dict()
     record["claim_text"] = claim_text(p, bound)
     record["twin_lower_bound"] = bound.to_dict() if bound is not None else None
     files = [out / "placement.json"]

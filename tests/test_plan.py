@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from optim.plan import (PlanError, PoolEntry, amax_points, make_plan, parse_pool, plan_instance,
-                        resolve_gpu)
+from optim.plan import (PlanError, PlanInputs, PoolEntry, amax_points, make_plan, parse_pool,
+                        plan_instance, resolve_gpu)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "instances" / "examples" / "adapters.csv"
@@ -86,8 +87,9 @@ def small_plan(tmp_path_factory):
     mp.setenv("LORA_PLACEMENT_CACHE", str(tmp / "cache"))
     try:
         csv = _csv(tmp, [("a", 8, 2.0), ("b", 16, 1.0), ("c", 8, 0.5), ("d", 32, 0.25)])
-        inst = plan_instance(csv, duration_s=300.0)
-        res = make_plan(inst, tmp / "out", workers=2, quiet=True)
+        inputs = PlanInputs(duration_s=300.0, headroom=False)
+        inst = inputs.instance(csv)
+        res = make_plan(inst, tmp / "out", workers=2, quiet=True, inputs=inputs)
     finally:
         mp.undo()
     return inst, res, tmp / "out"
@@ -269,3 +271,59 @@ def test_every_method_agrees_on_status_claim_and_json(method, tmp_path, capsys):
         assert f"claim: {claim}" in text
     else:
         assert "claim: optimal" not in text
+
+
+def test_plan_inputs_round_trip_and_refuse_a_malformed_record(tmp_path):
+    """``PlanInputs``: its JSON form gives it back; a missing field, a wrong type or an unknown
+    field is a ``PlanError`` naming it; and it builds the instance ``plan_instance`` builds
+    from the same options (headroom on when it says so)."""
+    from twin.slo import Slo
+    csv = _csv(tmp_path, [("a", 8, 2.0), ("b", 16, 1.0)])
+    slo = Slo(ttft_p99_ms=2000.0, itl_p99_ms=100.0)
+    x = PlanInputs("H100", "llama-3.1-8b-instruct", (PoolEntry("H100", 4, 2.5),), "cost", 600.0,
+                   3, 1, slo.to_dict(), (), True)
+    assert PlanInputs.from_dict(json.loads(json.dumps(x.to_dict()))) == x
+    inst = x.instance(csv)
+    want = plan_instance(csv, pool=[PoolEntry("H100", 4, 2.5)], objective="cost",
+                         duration_s=600.0, seed=3, slo=slo)
+    assert inst.adapters == want.adapters and inst.gpu_types == want.gpu_types
+    assert (inst.slo, inst.duration_s, inst.seed, inst.objective.kind) == (slo, 600.0, 3, "cost")
+    assert inst.headroom and not PlanInputs(headroom=False).instance(csv).headroom
+    d = x.to_dict()
+    for bad, msg in [({k: v for k, v in d.items() if k != "seed"}, "plan_inputs.seed: missing"),
+                     ({**d, "seed": "3"}, "plan_inputs.seed: wrong type str"),
+                     ({**d, "headroom": 1}, "plan_inputs.headroom: wrong type int"),
+                     ({**d, "extra": 1}, "unknown field(s) ['extra']"),
+                     ({**d, "slo": {"ttft_p99_ms": -1}}, "plan_inputs.slo")]:
+        with pytest.raises(PlanError, match=re.escape(msg)):
+            PlanInputs.from_dict(bad).instance(csv)
+
+
+def test_replan_takes_an_adapters_csv_with_the_plans_recorded_inputs(small_plan, tmp_path,
+                                                                   monkeypatch, capsys):
+    """``optim replan NEW.csv --previous plan/placement.json`` builds the new instance from the
+    inputs ``optim plan`` recorded (``params.plan_inputs``) and carries them into its own plan,
+    so the next re-plan of a CSV can start from it; a previous plan without them is refused,
+    naming the reason."""
+    from optim.cli import main
+    inst, res, out = small_plan
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(out.parent / "cache"))
+    prev = out / "placement.json"
+    rec = json.loads(prev.read_text())
+    assert rec["params"]["plan_inputs"] == PlanInputs(duration_s=300.0, headroom=False).to_dict()
+    new = _csv(tmp_path, [("a", 8, 2.0), ("b", 16, 1.0), ("c", 8, 0.5), ("e", 8, 0.4)], "new.csv")
+    got = tmp_path / "replan.json"
+    args = ["--no-resolve", "--workers", "1", "--quiet"]
+    assert main(["replan", str(new), "--previous", str(prev), "--json", str(got), *args]) == 0
+    plan = json.loads(got.read_text())
+    assert sorted(a["id"] for g in plan["gpus"] for a in g["adapters"]) == ["a", "b", "c", "e"]
+    assert plan["verify_duration_s"] == 300.0
+    assert plan["params"]["plan_inputs"] == rec["params"]["plan_inputs"]
+    assert main(["replan", str(new), "--previous", str(got), *args]) == 0   # and again
+    del rec["params"]["plan_inputs"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(rec))
+    capsys.readouterr()
+    assert main(["replan", str(new), "--previous", str(bare), *args]) == 2
+    assert "an adapters CSV needs a previous plan written by `optim plan`" in (
+        capsys.readouterr().err)

@@ -100,11 +100,11 @@ def check_ranks(profile: GpuProfile, ranks: Sequence[int], what: str) -> None:
                            f"(supported: {', '.join(map(str, profile.supported_ranks))})")
 
 
-def _load_profile(name: str) -> GpuProfile:
+def _load_profile(name: str, option: str = "--profile") -> GpuProfile:
     try:
         return load_profile(name)
     except (OSError, ValueError) as e:
-        raise CliError(f"--profile: {e}") from None
+        raise CliError(f"{option}: {e}") from None
 
 
 # ------------------------------------------------------------------------------ output
@@ -512,7 +512,7 @@ def cmd_derive(a: argparse.Namespace) -> int:
     from .model_configs import model_config
 
     out = check_output(a.out, "--out", a.force)
-    source = _load_profile(a.source)
+    source = _load_profile(a.source, "--from")
     try:
         gpu = gpu_spec(a.gpu)
     except ValueError as e:
