@@ -40,6 +40,37 @@ def add_class_checks_option(ap) -> None:
                          "stopped search's saved progress; default %(default)s)")
 
 
+def print_class_status(points, budget: int) -> None:
+    """``--status`` of the studies: for each (label, instance, window, greedy's stored row or
+    None) not certified, how far greedy is above its stored bound and, one above, where the
+    class step that may raise the bound stands (``feasibility.class_search_status``: from the
+    cache, nothing replayed); then one line of counts."""
+    from collections import Counter
+
+    from optim.feasibility import class_search_status
+    n = Counter()
+    for label, inst, dur, row in points:
+        g = None if row is None else row.get("gpus")
+        if row is None:
+            n["not_stored"] += 1
+            print(f"{label}: not stored (run the study)")
+        elif g is None or g != g:
+            n["failed"] += 1
+            print(f"{label}: greedy found no accepted placement")
+        elif int(g) == int(row["lb"]):
+            n["certified"] += 1
+        elif int(g) > int(row["lb"]) + 1:
+            n["two_or_more_above"] += 1
+            print(f"{label}: greedy {int(g)}, bound {int(row['lb'])}: two or more above (the "
+                  "class step runs where greedy is one above)")
+        else:
+            n["one_above"] += 1
+            st = class_search_status(inst, int(row["lb"]), dur, budget)
+            print(f"{label}: greedy {int(g)}, bound {int(row['lb'])}: {st.describe()}")
+    keys = ("certified", "one_above", "two_or_more_above", "failed", "not_stored")
+    print(f"points={len(points)} " + " ".join(f"{k}={n[k]}" for k in keys))
+
+
 def git_commit(mark_changes: bool = False) -> str:
     """The checkout's short commit hash (``unknown`` outside git); with ``mark_changes``,
     ``+changes`` appended when tracked files differ from it."""

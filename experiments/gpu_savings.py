@@ -61,7 +61,7 @@ from optim.instance import Instance, InstanceError, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
 from .common import (COUNTING, REPO, RowStore, add_class_checks_option, git_commit,
-                     instance_point_key)
+                     instance_point_key, print_class_status)
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
@@ -338,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="GPU checks the bound may spend showing that no split over two GPUs "
                          "is accepted, where two are left (0: skip; default %(default)s)")
     add_class_checks_option(ap)
+    ap.add_argument("--status", action="store_true",
+                    help="solve nothing: for each stored point greedy has not certified, how "
+                         "far it is above its bound and where the class step stands (from "
+                         "the cache)")
     ap.add_argument("--store", default=str(REPO / "experiments" / "evidence" /
                                            "gpu_savings_points.jsonl"),
                     help="each point's row is appended here as it finishes (a committed file: "
@@ -371,6 +375,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InstanceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.status:
+        store = RowStore(Path(a.store)) if a.store else None
+        pts = []
+        for p in paths:
+            inst = loaded[p]
+            dur = a.duration if a.duration is not None else (600.0 if a.quick else inst.duration_s)
+            key = point_key(inst, "greedy", dur, a.max_extra, a.pair_checks)
+            pts.append((inst.name, inst, dur, store.get(key) if store is not None else None))
+        print_class_status(pts, a.class_checks)
+        return 0
     methods = (a.methods.split(",") if a.methods
                else [m for m in method_names() if m not in EXACT_ONLY])
     for m in methods:

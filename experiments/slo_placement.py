@@ -50,7 +50,7 @@ from optim.instance import Instance, load_instance
 from optim.methods import method_names
 from twin.slo import Slo
 
-from .common import REPO, add_class_checks_option, git_commit
+from .common import REPO, add_class_checks_option, git_commit, print_class_status
 from .gpu_savings import (PAPER_DIR, RowStore, point_key, rebound, scenario_of,
                           select_instances, solve_point)
 
@@ -135,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "the lower bound stored with its other rows (--rebound recomputes "
                          "it); without this the bound is computed anew")
     add_class_checks_option(ap)
+    ap.add_argument("--status", action="store_true",
+                    help="solve nothing: for each stored point greedy has not certified, how "
+                         "far it is above its bound and where the class step stands (from "
+                         "the cache)")
     a = ap.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in method_names()]
@@ -152,6 +156,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict] = []
     jobs = [(p, lv) for p in select(a.quick) if a.match is None or a.match in p.stem
             for lv in levels]
+    if a.status:
+        pts = []
+        for path, level in jobs:
+            inst = replace(load_instance(path), slo=LEVELS[level])
+            dur = 600.0 if a.quick else inst.duration_s
+            key = point_key(inst, "greedy", dur, MAX_EXTRA, 0)
+            pts.append((f"{inst.name} {level}", inst, dur,
+                        store.get(key) if store is not None else None))
+        print_class_status([p for p in pts if not p[0].endswith(" 90pct")], a.class_checks)
+        return 0
     for path, level in tqdm(jobs, desc="instance x level", unit="pt"):
         base = load_instance(path)
         inst = replace(base, slo=LEVELS[level])

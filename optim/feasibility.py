@@ -1027,8 +1027,7 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     r0 = _smallest_rank(inst)
 
     def key(budget: int | str, version: int = CLASS_VERSION) -> str:
-        return _gpu_key(inst, inst.adapters, r0, duration_s,
-                        what=f"class_gpus_excluded/{version}/{int(k)}/{budget}")
+        return _class_key(inst, k, duration_s, budget, version)
 
     def search(budget: int | str, fails) -> bool:
         from .capacity import _disk_get, _disk_put
@@ -1078,6 +1077,90 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
         _disk_put(key("proven"), {"excluded": True, "instance": inst.name, "k": int(k),
                                   "duration_s": float(duration_s), "max_checks": checks})
     return out
+
+
+def _class_key(inst: Instance, k: int, duration_s: float, budget: int | str,
+               version: int) -> str:
+    """Disk-cache key of ``class_gpus_excluded``'s records: ``budget`` a check budget, "caps",
+    "proven" or "progress" (``inst`` its bound view)."""
+    return _gpu_key(inst, inst.adapters, _smallest_rank(inst), duration_s,
+                    what=f"class_gpus_excluded/{version}/{int(k)}/{budget}")
+
+
+@dataclass(frozen=True)
+class ClassSearchStatus:
+    """Where the class step of one instance and GPU count stands, read from the disk cache
+    (nothing is replayed): ``classes`` its load classes (0: not applicable), the saved
+    search's ``checks`` / ``rounds`` / ``cuts`` (of the latest sound ``version`` that saved
+    one; None: none saved), how the search with ``budget`` checks ended (``ended``, None:
+    stopped before it ended or never run; ``earlier``: how an earlier version's search ended,
+    which a rerun does not take: a "not shown" stands for its own version only) and whether
+    an exclusion is recorded."""
+
+    classes: int
+    budget: int
+    version: int | None = None
+    checks: int = 0
+    rounds: int = 0
+    cuts: int = 0
+    ended: str | None = None
+    excluded: bool = False
+    earlier: str | None = None
+
+    def describe(self) -> str:
+        text = self._state()
+        return text if self.ended or not self.earlier else f"{text}; {self.earlier}"
+
+    def _state(self) -> str:
+        from .class_exclusion import MAX_CLASSES
+        if not 2 <= self.classes <= MAX_CLASSES:
+            return f"class step not applicable ({self.classes} load classes)"
+        if self.excluded:
+            return "excluded by the class step (the bound is raised)"
+        if self.version is None:
+            return "no checked search saved" + (f"; with {self.budget} checks it ended: "
+                                                f"{self.ended}" if self.ended else
+                                                " (rerun the study to run it)")
+        done = (f"{self.checks} checks saved, {self.rounds} rounds, {self.cuts} cuts "
+                f"(version {self.version})")
+        if self.ended:
+            return f"{done}; with {self.budget} checks it ended: {self.ended}"
+        if self.checks >= self.budget:
+            return (f"{done}; its {self.budget}-check budget is spent (--class-checks above "
+                    f"{self.checks} goes on)")
+        return f"{done}; stopped (rerun the study to go on)"
+
+
+def class_search_status(inst: Instance, k: int, duration_s: float,
+                        budget: int | None = None) -> ClassSearchStatus:
+    """The class step's state for ``k`` GPUs (``ClassSearchStatus``), from the cache alone;
+    ``budget`` defaults to ``class_exclusion.CLASS_CHECKS``."""
+    from .capacity import _disk_get
+    from .class_exclusion import (CLASS_CHECKS, CLASS_SOUND_VERSIONS, CLASS_VERSION,
+                                  MAX_CLASSES, load_classes)
+    inst = inst.bound_view()
+    budget = CLASS_CHECKS if budget is None else int(budget)
+    n = len(load_classes([inst.load_tps(a) for a in inst.adapters],
+                         [a.rank for a in inst.adapters]).loads)
+    if k < 2 or not 2 <= n <= MAX_CLASSES:
+        return ClassSearchStatus(n, budget)
+    versions = sorted(CLASS_SOUND_VERSIONS, reverse=True)
+    excluded = any((hit := _disk_get(_class_key(inst, k, duration_s, b, v))) is not None
+                   and hit.get("excluded")
+                   for v in versions for b in ("caps", "proven", CLASS_CHECKS, budget))
+    def why(v: int, b: int) -> str | None:
+        hit = _disk_get(_class_key(inst, k, duration_s, b, v))
+        return None if hit is None else (hit.get("search") or {}).get("why") or "not shown"
+
+    ended = why(CLASS_VERSION, budget)
+    earlier = next((f"version {v} ended: {w}" for v in versions if v != CLASS_VERSION
+                    for w in [why(v, CLASS_CHECKS)] if w is not None), None)
+    for v in versions:
+        st = _disk_get(_class_key(inst, k, duration_s, "progress", v))
+        if st is not None:
+            return ClassSearchStatus(n, budget, v, int(st["checks"]), int(st["rounds"]),
+                                     len(st["cuts"]), ended, excluded, earlier)
+    return ClassSearchStatus(n, budget, None, ended=ended, excluded=excluded, earlier=earlier)
 
 
 def lora_gpu_lower_bound(inst: Instance, duration_s: float | None = None,

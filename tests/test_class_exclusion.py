@@ -625,3 +625,52 @@ def test_class_index_names_each_loads_class_in_load_classes():
     assert [sum(1 for j in idx if j == c) for c in range(len(cls.loads))] == list(cls.supply)
     for x, r, j in zip(loads, ranks, idx):
         assert cls.loads[j] == pytest.approx(x) and cls.tier(j) == sorted(set(ranks)).index(r)
+
+
+def test_the_class_step_status_reads_the_cache_without_searching(tmp_path, monkeypatch, capsys):
+    """``class_search_status`` (the studies' ``--status``): how the class step of a point
+    stands, from the disk cache alone — never run, stopped, ended with its budget, its budget
+    spent, excluded — and ``print_class_status`` counts the points."""
+    import optim.class_exclusion as C
+    from experiments.common import print_class_status
+    from optim import feasibility as F
+    from optim.instance import instance_from_dict
+    seen = _fake_checked_search(tmp_path, monkeypatch, lambda n: {})
+    runs = []
+
+    def fake(loads, k, cap_of, fails, checks, progress=None, trace=None, ranks=None,
+             resume=None, save=None):
+        runs.append(checks)
+        if fails is None:
+            return False
+        save({"v": 1, "rounds": 3, "checks": min(checks, 12), "cuts": [[1], [2], [3]]})
+        trace["why"] = "check budget spent" if checks < 30 else "no k GPUs hold the supply"
+        return checks >= 30
+    monkeypatch.setattr(C, "class_excluded", fake)
+    inst = _cert_instance()
+    st = F.class_search_status(inst, 3, 120.0, budget=10)
+    assert (st.version, st.ended, st.excluded) == (None, None, False)
+    assert "no checked search saved" in st.describe()
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
+    n_runs = len(runs)
+    st = F.class_search_status(inst, 3, 120.0, budget=10)
+    assert (st.version, st.checks, st.rounds, st.cuts) == (C.CLASS_VERSION, 10, 3, 3)
+    assert "with 10 checks it ended: check budget spent" in st.describe()
+    assert "stopped (rerun the study" in F.class_search_status(inst, 3, 120.0, 20).describe()
+    assert "budget is spent" in F.class_search_status(inst, 3, 120.0, 8).describe()
+    assert len(runs) == n_runs and not seen                   # nothing searched by the status
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=40) is True
+    assert F.class_search_status(inst, 3, 120.0).excluded
+    one = instance_from_dict({"name": "one", "adapters": [{"id": "a", "rank": 8, "rate": 1.0}],
+                              "gpus": [{"name": "h100", "profile": "llama-3.1-8b-instruct",
+                                        "count": 2}]})
+    assert "not applicable" in F.class_search_status(one, 2, 120.0).describe()
+    rows = [("a", inst, 120.0, {"gpus": 3, "lb": 3}), ("b", inst, 120.0, {"gpus": 4, "lb": 3}),
+            ("c", inst, 120.0, {"gpus": 6, "lb": 3}), ("d", inst, 120.0, None),
+            ("e", inst, 120.0, {"gpus": float("nan"), "lb": 3})]
+    capsys.readouterr()
+    print_class_status(rows, 384)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("points=5 certified=1 one_above=1 two_or_more_above=1 failed=1 "
+                       "not_stored=1")
+    assert out[0] == "b: greedy 4, bound 3: excluded by the class step (the bound is raised)"

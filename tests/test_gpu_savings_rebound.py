@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 import experiments.gpu_savings as GS
 
@@ -122,3 +123,36 @@ def test_rebound_with_match_bounds_only_the_matching_points(tmp_path, monkeypatc
     assert kept.get("paper-llama-rhigh-qhigh-n16/greedy/3600.0")["lb"] == 2
     assert GS.main(args + ["--match", "n999"]) == 2
     assert "--match 'n999'" in capsys.readouterr().err
+
+
+def test_status_prints_where_each_uncertified_point_stands_without_solving(tmp_path, monkeypatch,
+                                                                           capsys):
+    """``--status``: the stored points greedy has not certified, with the class step's state
+    (from the cache), and a line of counts; nothing is solved or bounded."""
+    import shutil
+    from pathlib import Path
+
+    from experiments.common import RowStore
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "inst"
+    folder.mkdir()
+    names = ("paper-llama-rhigh-qhigh-n16", "paper-llama-rlow-qhigh-n16")
+    for name in names:
+        for f in (repo / "instances" / "paper").glob(f"{name}.*"):
+            shutil.copy(f, folder / f.name)
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(GS, "solve_point", lambda *a, **k: pytest.fail("solved"))
+    monkeypatch.setattr(GS, "rebound", lambda *a, **k: pytest.fail("bounded"))
+    store = RowStore(tmp_path / "points.jsonl")
+    from optim.instance import load_instance
+    for name, gpus in zip(names, (3, 2)):
+        inst = load_instance(folder / f"{name}.json")
+        store.put(GS.point_key(inst, "greedy", inst.duration_s, 8, GS.PAIR_CHECKS),
+                  {"instance": name, "method": "greedy", "gpus": gpus, "lb": 2,
+                   "duration_s": inst.duration_s})
+    assert GS.main(["--status", "--instances", str(folder), "--store", str(store.path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("paper-llama-rhigh-qhigh-n16: greedy 3, bound 2: ")
+    assert out[-1] == ("points=2 certified=1 one_above=1 two_or_more_above=0 failed=0 "
+                       "not_stored=0")
