@@ -1148,6 +1148,7 @@ def class_search_status(inst: Instance, k: int, duration_s: float,
     excluded = any((hit := _disk_get(_class_key(inst, k, duration_s, b, v))) is not None
                    and hit.get("excluded")
                    for v in versions for b in ("caps", "proven", CLASS_CHECKS, budget))
+
     def why(v: int, b: int) -> str | None:
         hit = _disk_get(_class_key(inst, k, duration_s, b, v))
         return None if hit is None else (hit.get("search") or {}).get("why") or "not shown"
