@@ -80,6 +80,9 @@ STUDIES: tuple[Study, ...] = (
           ("-m", "experiments.gpu_savings", "--methods", "greedy", "--workers", "2")),
     Study("first_solve", "first solves of every small and paper instance with a target",
           ("-m", "experiments.first_solve", "--targets-only")),
+    Study("slo_placement_quick", "GPUs under three latency SLOs against the 90 % rule, "
+          "certified under each (quick set)",
+          ("-m", "experiments.slo_placement", "--quick", "--workers", "2")),
 )
 
 
