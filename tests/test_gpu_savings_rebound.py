@@ -89,11 +89,10 @@ def test_rebound_stores_a_changed_bound_back_under_the_point_key(tmp_path, monke
     assert store.path.read_text().splitlines() == lines
 
 
-def test_rebound_with_match_bounds_only_the_matching_points(tmp_path, monkeypatch, capsys):
+def _two_paper_instances(tmp_path):
+    """A folder holding copies of two 16-adapter paper instances, and their names."""
     import shutil
     from pathlib import Path
-
-    from experiments.common import RowStore
 
     repo = Path(__file__).resolve().parents[1]
     folder = tmp_path / "inst"
@@ -102,6 +101,13 @@ def test_rebound_with_match_bounds_only_the_matching_points(tmp_path, monkeypatc
     for name in names:
         for f in (repo / "instances" / "paper").glob(f"{name}.*"):
             shutil.copy(f, folder / f.name)
+    return folder, names
+
+
+def test_rebound_with_match_bounds_only_the_matching_points(tmp_path, monkeypatch, capsys):
+    from experiments.common import RowStore
+
+    folder, names = _two_paper_instances(tmp_path)
     monkeypatch.setattr(GS, "point_key", lambda inst, m, d, x, p: f"{inst.name}/{m}/{d}")
     store = RowStore(tmp_path / "points.jsonl")
     row = {"method": "greedy", "gpus": 3, "failed": False, "duration_s": 3600.0, "lb": 2,
@@ -129,18 +135,9 @@ def test_status_prints_where_each_uncertified_point_stands_without_solving(tmp_p
                                                                            capsys):
     """``--status``: the stored points greedy has not certified, with the class step's state
     (from the cache), and a line of counts; nothing is solved or bounded."""
-    import shutil
-    from pathlib import Path
-
     from experiments.common import RowStore
 
-    repo = Path(__file__).resolve().parents[1]
-    folder = tmp_path / "inst"
-    folder.mkdir()
-    names = ("paper-llama-rhigh-qhigh-n16", "paper-llama-rlow-qhigh-n16")
-    for name in names:
-        for f in (repo / "instances" / "paper").glob(f"{name}.*"):
-            shutil.copy(f, folder / f.name)
+    folder, names = _two_paper_instances(tmp_path)
     monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(GS, "solve_point", lambda *a, **k: pytest.fail("solved"))
     monkeypatch.setattr(GS, "rebound", lambda *a, **k: pytest.fail("bounded"))
