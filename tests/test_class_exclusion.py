@@ -658,6 +658,14 @@ def test_the_class_step_status_reads_the_cache_without_searching(tmp_path, monke
     assert "with 10 checks it ended: check budget spent" in st.describe()
     assert "stopped (rerun the study" in F.class_search_status(inst, 3, 120.0, 20).describe()
     assert "budget is spent" in F.class_search_status(inst, 3, 120.0, 8).describe()
+    with monkeypatch.context() as m:         # a new version: its own search has not ended,
+        old = C.CLASS_VERSION                # the earlier one's ending is shown beside
+        m.setattr(C, "CLASS_CHECKS", 10)
+        m.setattr(C, "CLASS_VERSION", old + 1)
+        m.setattr(C, "CLASS_SOUND_VERSIONS", C.CLASS_SOUND_VERSIONS + (old + 1,))
+        st = F.class_search_status(inst, 3, 120.0)
+        assert st.ended is None and st.version == old
+        assert st.describe().endswith(f"; version {old} ended: check budget spent")
     assert len(runs) == n_runs and not seen                   # nothing searched by the status
     assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=40) is True
     assert F.class_search_status(inst, 3, 120.0).excluded
