@@ -67,14 +67,14 @@ def cmd_deploy(a: argparse.Namespace) -> int:
 
 
 def _new_instance(path: str, prev, prev_path: str):
-    """The re-plan's instance: an instance JSON, or an adapters CSV built with the inputs
-    ``optim plan`` recorded in the previous plan (GPU pool, model, window, seed, SLO,
-    headroom), as ``optim plan`` would build it."""
+    """The re-plan's instance and the plan inputs it was built with: an instance JSON (no
+    inputs), or an adapters CSV built with the inputs ``optim plan`` recorded in the previous
+    plan (GPU pool, model, window, seed, SLO, headroom), as ``optim plan`` would build it."""
     from .instance import InstanceError, load_instance
     from .plan import PlanError, PlanInputs
     if Path(path).suffix.lower() != ".csv":
         try:
-            return load_instance(path)
+            return load_instance(path), None
         except InstanceError as e:
             raise CliError(str(e)) from None
     raw = prev.params.get("plan_inputs")
@@ -84,7 +84,7 @@ def _new_instance(path: str, prev, prev_path: str):
                        f"{prev_path} records none: give an instance JSON")
     try:
         return PlanInputs.from_dict(raw, f"--previous {prev_path}: params.plan_inputs"
-                                    ).instance(path)
+                                    ).instance(path), raw
     except PlanError as e:
         raise CliError(str(e)) from None
 
@@ -100,7 +100,7 @@ def cmd_replan(a: argparse.Namespace) -> int:
         raise CliError(f"--previous: {e}") from None
     if not prev.gpus:
         raise CliError(f"--previous {a.previous}: the plan has no GPUs (status {prev.status})")
-    inst = _new_instance(a.instance, prev, a.previous)
+    inst, plan_inputs = _new_instance(a.instance, prev, a.previous)
     from .replan import check_same_model
     check_same_model(prev, inst, a.previous, a.instance)     # before any solve or replay
     headroom = a.headroom if a.headroom is not None else (
@@ -131,8 +131,8 @@ def cmd_replan(a: argparse.Namespace) -> int:
     finally:
         twin.fleet.show_progress = False
     p = res.placement
-    if Path(a.instance).suffix.lower() == ".csv":   # the next re-plan of a CSV builds as this
-        p = p.with_(params={**p.params, "plan_inputs": prev.params["plan_inputs"]})
+    if plan_inputs is not None:         # the next re-plan of a CSV builds as this one
+        p = p.with_(params={**p.params, "plan_inputs": plan_inputs})
     print(p.table())
     c = res.churn
     print(f"churn: moves={c.moves} loads={c.loads} unloads={c.unloads} "

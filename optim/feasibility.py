@@ -1145,9 +1145,8 @@ def class_search_status(inst: Instance, k: int, duration_s: float,
     if k < 2 or not 2 <= n <= MAX_CLASSES:
         return ClassSearchStatus(n, budget)
     versions = sorted(CLASS_SOUND_VERSIONS, reverse=True)
-    excluded = any((hit := _disk_get(_class_key(inst, k, duration_s, b, v))) is not None
-                   and hit.get("excluded")
-                   for v in versions for b in ("caps", "proven", CLASS_CHECKS, budget))
+    # an exclusion of any sound version and budget, read as class_gpus_excluded reads it
+    excluded = class_gpus_excluded(inst, k, duration_s, max_checks=0, cached_only=True)
 
     def why(v: int, b: int) -> str | None:
         hit = _disk_get(_class_key(inst, k, duration_s, b, v))
