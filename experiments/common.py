@@ -40,6 +40,44 @@ def add_class_checks_option(ap) -> None:
                          "stopped search's saved progress; default %(default)s)")
 
 
+SEARCH_STORE = REPO / "experiments" / "evidence" / "bound_searches.json"
+
+
+def add_search_store_option(ap) -> None:
+    """The studies' ``--search-store FILE``: where the bound searches' verdicts and saved
+    progress are kept beside the user cache (``optim.capacity._store_path``)."""
+    ap.add_argument("--search-store", default=str(SEARCH_STORE), metavar="FILE",
+                    help="the lower-bound searches' verdicts and saved progress (class step, "
+                         "exclusion checks) are kept here as well as in the user cache: a "
+                         "committed file, so a stopped search goes on in a later session on a "
+                         "machine whose cache is empty ('' turns it off; default "
+                         "%(default)s)")
+
+
+def use_search_store(path: str) -> str | None:
+    """Point ``$LORA_PLACEMENT_STORE`` at ``path`` for this process and its workers (''
+    clears it); an error text when the path cannot hold the store."""
+    from optim.capacity import STORE_ENV
+    if not path:
+        os.environ.pop(STORE_ENV, None)
+        return None
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        return f"--search-store {path}: not a file"
+    if not p.parent.is_dir():
+        return f"--search-store {path}: no folder {p.parent}"
+    if p.exists():
+        try:
+            doc = json.loads(p.read_text() or "{}")
+        except (OSError, ValueError) as e:
+            return f"--search-store {path}: not a JSON object of search records ({e})"
+        if not isinstance(doc, dict):
+            return (f"--search-store {path}: not a JSON object of search records (a "
+                    f"{type(doc).__name__}); left as it is")
+    os.environ[STORE_ENV] = str(p.resolve())
+    return None
+
+
 def print_class_status(points, budget: int) -> None:
     """``--status`` of the studies: for each (label, instance, window, greedy's stored row or
     None) not certified, how far greedy is above its stored bound and, one above, where the

@@ -60,8 +60,9 @@ from optim.supply_exclusion import SUPPLY_CHECKS
 from optim.instance import Instance, InstanceError, load_instance
 from optim.methods import MethodOptions, get_method, method_names, solve
 
-from .common import (COUNTING, REPO, RowStore, add_class_checks_option, git_commit,
-                     instance_point_key, print_class_status)
+from .common import (COUNTING, REPO, RowStore, add_class_checks_option,
+                     add_search_store_option, git_commit, instance_point_key,
+                     print_class_status, use_search_store)
 
 PAPER_DIR = REPO / "instances" / "paper"
 EXACT_ONLY = ("milp", "cpsat")   # hundreds of adapters are beyond them; see optimality_gap
@@ -338,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="GPU checks the bound may spend showing that no split over two GPUs "
                          "is accepted, where two are left (0: skip; default %(default)s)")
     add_class_checks_option(ap)
+    add_search_store_option(ap)
     ap.add_argument("--status", action="store_true",
                     help="solve nothing: for each stored point greedy has not certified, how "
                          "far it is above its bound and where the class step stands (from "
@@ -355,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "write and print the figures again; a stored point of --store whose "
                          "bound changed is stored again with the new one")
     a = ap.parse_args(argv)
+    if (err := use_search_store(a.search_store)) is not None:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     if a.pair_checks < 0:
         print(f"error: --pair-checks must be >= 0, got {a.pair_checks}", file=sys.stderr)

@@ -50,7 +50,8 @@ from optim.instance import Instance, load_instance
 from optim.methods import method_names
 from twin.slo import Slo
 
-from .common import REPO, add_class_checks_option, git_commit, print_class_status
+from .common import (REPO, add_class_checks_option, add_search_store_option, git_commit,
+                     print_class_status, use_search_store)
 from .gpu_savings import (PAPER_DIR, RowStore, point_key, rebound, scenario_of,
                           select_instances, solve_point)
 
@@ -135,11 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "the lower bound stored with its other rows (--rebound recomputes "
                          "it); without this the bound is computed anew")
     add_class_checks_option(ap)
+    add_search_store_option(ap)
     ap.add_argument("--status", action="store_true",
                     help="solve nothing: for each stored point greedy has not certified, how "
                          "far it is above its bound and where the class step stands (from "
                          "the cache)")
     a = ap.parse_args(argv)
+    if (err := use_search_store(a.search_store)) is not None:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in method_names()]
     if bad:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -174,21 +175,55 @@ def _cache_path() -> Path:
 SHIPPED_LIMITS = Path(__file__).resolve().parent / "data" / "carry_limits.json"
 
 
+STORE_ENV = "LORA_PLACEMENT_STORE"
+
+
+def _store_path() -> Path | None:
+    """The search store a study keeps beside its results (``$LORA_PLACEMENT_STORE``, set by
+    the studies' ``--search-store``): the bound searches' verdicts and saved progress, in a
+    committed file, so a stopped search goes on in a later session on a machine whose user
+    cache is empty. None: no store."""
+    path = os.environ.get(STORE_ENV)
+    return Path(path) if path else None
+
+
+def _disk_layers() -> list[Path]:
+    return [p for p in (_cache_path(), _store_path(), SHIPPED_LIMITS) if p is not None]
+
+
 def _disk_get(key: str) -> dict | None:
-    """A cached limit: the user's cache first, then the limits shipped with the package
-    (``optim/data/carry_limits.json``: measured by this module on the shipped profiles; keys
-    hash the profile's content, the window, seeds and the twin's fingerprint, so an entry is
-    used only where the same measurement would be repeated)."""
-    for path in (_cache_path(), SHIPPED_LIMITS):
+    """A cached limit: the user's cache first, then the search store (``_store_path``), then
+    the limits shipped with the package (``optim/data/carry_limits.json``: measured by this
+    module on the shipped profiles; keys hash the profile's content, the window, seeds and the
+    twin's fingerprint, so an entry is used only where the same measurement would be
+    repeated)."""
+    for path in _disk_layers():
         hit = read_json_cached(path).get(key)
         if hit is not None:
             return hit
     return None
 
 
-def _disk_put(key: str, value: dict) -> None:
-    """Add one entry to the user's cache (``optim.disk_cache``: under a lock, atomically)."""
+def _disk_get_all(key: str) -> list[dict]:
+    """Every layer's entry under ``key`` (user cache, search store, shipped), for records that
+    grow (a search's saved progress: the caller takes the furthest)."""
+    return [hit for path in _disk_layers() if (hit := read_json_cached(path).get(key)) is not None]
+
+
+def _disk_put(key: str, value: dict, durable: bool = False) -> None:
+    """Add one entry to the user's cache (``optim.disk_cache``: under a lock, atomically);
+    ``durable`` (a bound search's verdict or progress): to the search store as well, when a
+    study keeps one."""
     update_json(_cache_path(), {key: value})
+    store = _store_path()
+    if durable and store is not None and not update_json(store, {key: value}) \
+            and store not in _unwritable:
+        _unwritable.add(store)
+        warnings.warn(f"${STORE_ENV}={store}: cannot write the search store; this run's "
+                      "search results are kept in the user cache only", stacklevel=2)
+
+
+_unwritable: set[Path] = set()
 
 
 _fingerprints: dict[str, str] = {}

@@ -61,9 +61,10 @@ def read_json_cached(path: Path) -> dict:
     return data
 
 
-def update_json(path: Path, new: dict) -> None:
+def update_json(path: Path, new: dict) -> bool:
     """Add ``new``'s entries to the file, keeping every entry other processes wrote; a
-    read-only cache directory is left alone (the values are measured again next time)."""
+    read-only cache directory is left alone (the values are measured again next time):
+    False then."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with locked(path):
@@ -73,7 +74,8 @@ def update_json(path: Path, new: dict) -> None:
             tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
             os.replace(tmp, path)
     except OSError:
-        pass
+        return False
+    return True
 
 
 __all__ = ["locked", "read_json", "read_json_cached", "update_json"]

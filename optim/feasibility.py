@@ -392,7 +392,7 @@ def gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duratio
         return bool(hit["excluded"])
     out = _gpu_excluded(inst, adapters, rank, duration_s, workers)
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(adapters),
-                    "rank": rank, "duration_s": float(duration_s)})
+                    "rank": rank, "duration_s": float(duration_s)}, durable=True)
     return out
 
 
@@ -531,7 +531,7 @@ def one_gpu_excluded(inst: Instance, duration_s: float, workers: int | None = No
         return bool(hit["excluded"])
     out = not _one_gpu_accepted(inst, duration_s, workers)
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
-                    "duration_s": float(duration_s)})
+                    "duration_s": float(duration_s)}, durable=True)
     return out
 
 
@@ -685,7 +685,7 @@ def two_gpu_splits_excluded(inst: Instance, duration_s: float, workers: int | No
         return out               # too many with the caps a solve measures: not the last word
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
                     "splits": None if splits is None else len(splits), "checks": checks,
-                    "duration_s": float(duration_s)})
+                    "duration_s": float(duration_s)}, durable=True)
     return out
 
 
@@ -816,7 +816,7 @@ def two_gpus_excluded(inst: Instance, duration_s: float, workers: int | None = N
     except _OutOfChecks:
         out = False
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
-                    "duration_s": float(duration_s), "max_checks": int(max_checks)})
+                    "duration_s": float(duration_s), "max_checks": int(max_checks)}, durable=True)
     return out
 
 
@@ -925,7 +925,7 @@ def _recorded_search(inst: Instance, key: str, desc: str, checks: int, record: d
     with tqdm(total=checks, desc=f"{inst.name}: {desc}", unit="check", leave=False) as bar:
         out = search(lambda _msg: bar.update(1))
     _disk_put(key, {"excluded": out, "instance": inst.name, "adapters": len(inst.adapters),
-                    **record, "max_checks": checks})
+                    **record, "max_checks": checks}, durable=True)
     return out
 
 
@@ -1030,7 +1030,7 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
         return _class_key(inst, k, duration_s, budget, version)
 
     def search(budget: int | str, fails) -> bool:
-        from .capacity import _disk_get, _disk_put
+        from .capacity import _disk_put
         trace: dict = {}
         # the checked search's progress, saved every round: a stopped search (or a larger
         # budget) goes on from there without solving its model round by round again
@@ -1038,14 +1038,14 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
         resume = None
         if fails is not None:   # the latest sound version's: its cuts and checks are facts
             resume = next((st for v in sorted(CLASS_SOUND_VERSIONS, reverse=True)
-                           if (st := _disk_get(key("progress", v))) is not None), None)
+                           if (st := _saved_progress(key("progress", v))) is not None), None)
         return _recorded_search(
             inst, key(budget), f"class checks, {k} GPUs", 0 if fails is None else budget,
             {"k": int(k), "duration_s": float(duration_s), "search": trace},
             lambda progress: class_excluded(
                 loads, k, cap_of, fails, 0 if fails is None else int(budget),
                 progress=progress, trace=trace, ranks=ranks, resume=resume,
-                save=None if fails is None else (lambda st: _disk_put(where, st))))
+                save=None if fails is None else (lambda st: _disk_put(where, st, durable=True))))
 
     # an exclusion cached by any sound version stands, whatever budget found it ("proven"); a
     # "not shown" only the current version's at this budget
@@ -1075,8 +1075,18 @@ def class_gpus_excluded(inst: Instance, k: int, duration_s: float, workers: int 
     if out:                 # found by any budget: read by every later call
         from .capacity import _disk_put
         _disk_put(key("proven"), {"excluded": True, "instance": inst.name, "k": int(k),
-                                  "duration_s": float(duration_s), "max_checks": checks})
+                                  "duration_s": float(duration_s), "max_checks": checks},
+                  durable=True)
     return out
+
+
+def _saved_progress(key: str) -> dict | None:
+    """A class search's saved progress under ``key``: the furthest of the user cache's and the
+    search store's (either may be behind: a store from an earlier session, a cache from a run
+    without the store)."""
+    from .capacity import _disk_get_all
+    return max(_disk_get_all(key), default=None,
+               key=lambda st: (int(st.get("checks", 0)), int(st.get("rounds", 0))))
 
 
 def _class_key(inst: Instance, k: int, duration_s: float, budget: int | str,
@@ -1156,7 +1166,7 @@ def class_search_status(inst: Instance, k: int, duration_s: float,
     earlier = next((f"version {v} ended: {w}" for v in versions if v != CLASS_VERSION
                     for w in [why(v, CLASS_CHECKS)] if w is not None), None)
     for v in versions:
-        st = _disk_get(_class_key(inst, k, duration_s, "progress", v))
+        st = _saved_progress(_class_key(inst, k, duration_s, "progress", v))
         if st is not None:
             return ClassSearchStatus(n, budget, v, int(st["checks"]), int(st["rounds"]),
                                      len(st["cuts"]), ended, excluded, earlier)

@@ -25,3 +25,14 @@ def shared_calibration():
         return done[model]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _no_search_store(tmp_path, monkeypatch):
+    """No test writes the repository's search store: ``$LORA_PLACEMENT_STORE`` starts unset
+    (restored after the test, even when a study's ``main`` set it) and the studies'
+    ``--search-store`` default points into the test's own folder."""
+    import experiments.common as common
+    from optim.capacity import STORE_ENV
+    monkeypatch.setenv(STORE_ENV, "")
+    monkeypatch.setattr(common, "SEARCH_STORE", tmp_path / "bound_searches.json")

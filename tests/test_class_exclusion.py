@@ -328,6 +328,50 @@ def test_a_stopped_checked_search_resumes_from_its_saved_progress(tmp_path, monk
     assert seen[-1][1] is None                                 # another k: its own
 
 
+def test_a_search_saved_in_the_store_goes_on_where_the_user_cache_is_empty(tmp_path,
+                                                                           monkeypatch):
+    """With a search store (``$LORA_PLACEMENT_STORE``, a study's ``--search-store``) the
+    checked search's progress and verdicts are written there too: a later session on a machine
+    whose user cache is empty resumes the stopped search from the store; where the cache and
+    the store both hold progress, the furthest is taken."""
+    from optim import feasibility as F
+    from optim.capacity import STORE_ENV
+    from optim.disk_cache import read_json
+    store = tmp_path / "store.json"
+    monkeypatch.setenv(STORE_ENV, str(store))
+    seen = _fake_checked_search(tmp_path / "first", monkeypatch,
+                                lambda n: {"checks": 10 * n, "rounds": n, "cuts": []})
+    inst = _cert_instance()
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=10) is False
+    saved = read_json(store)
+    assert {"checks": 20, "rounds": 2, "cuts": []} in saved.values()  # the progress
+    assert any(v.get("excluded") is False for v in saved.values())  # the verdict
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "second"))   # an empty cache
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=20) is False
+    assert seen[-1][1] == {"checks": 20, "rounds": 2, "cuts": []}
+    # the store behind the cache: the cache's furthest progress is taken, and vice versa
+    monkeypatch.delenv(STORE_ENV)
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=30) is False   # cache only: 4
+    monkeypatch.setenv(STORE_ENV, str(store))
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=40) is False
+    assert seen[-1][1] == {"checks": 50, "rounds": 5, "cuts": []}  # the cache's, ahead
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "first"))   # holds round 2
+    assert F.class_gpus_excluded(inst, 3, 120.0, max_checks=50) is False
+    assert seen[-1][1] == {"checks": 60, "rounds": 6, "cuts": []}  # the store's, ahead
+    assert F.class_search_status(inst, 3, 120.0).checks == 70
+
+
+def test_an_unwritable_search_store_warns_once_and_keeps_the_cache(tmp_path, monkeypatch):
+    from optim import capacity
+    monkeypatch.setenv("LORA_PLACEMENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(capacity.STORE_ENV, str(tmp_path / "no" / "such" / "dir" / "s.json"))
+    (tmp_path / "no").write_text("a file where a folder would be")
+    with pytest.warns(UserWarning, match="cannot write the search store"):
+        capacity._disk_put("a", {"x": 1}, durable=True)
+    capacity._disk_put("b", {"x": 2}, durable=True)                # warned once
+    assert capacity._disk_get("a") == {"x": 1} and capacity._disk_get("b") == {"x": 2}
+
+
 def test_an_exclusion_found_with_a_larger_budget_is_read_by_every_later_call(tmp_path,
                                                                             monkeypatch):
     """A checked search that excludes only with a larger budget than the default (a study's

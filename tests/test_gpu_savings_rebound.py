@@ -153,3 +153,27 @@ def test_status_prints_where_each_uncertified_point_stands_without_solving(tmp_p
     assert out[0].startswith("paper-llama-rhigh-qhigh-n16: greedy 3, bound 2: ")
     assert out[-1] == ("points=2 certified=1 one_above=1 two_or_more_above=0 failed=0 "
                        "not_stored=0")
+
+
+def test_search_store_option_points_the_bound_searches_at_a_file(tmp_path, capsys):
+    """``--search-store``: the file the bound searches keep their verdicts and progress in
+    ($LORA_PLACEMENT_STORE for the workers); a path that cannot hold it is refused naming the
+    option, before any work; '' turns it off."""
+    import os
+
+    from optim.capacity import STORE_ENV, _store_path
+    folder, _ = _two_paper_instances(tmp_path)
+    base = ["--status", "--instances", str(folder), "--store", str(tmp_path / "p.jsonl")]
+    store = tmp_path / "searches.json"
+    assert GS.main(base + ["--search-store", str(store)]) == 0
+    assert _store_path() == store.resolve()
+    for bad, why in ((tmp_path, "not a file"), (tmp_path / "no" / "s.json", "no folder")):
+        assert GS.main(base + ["--search-store", str(bad)]) == 2
+        assert f"--search-store {bad}: {why}" in capsys.readouterr().err
+    for text in ("[1, 2", "[1, 2]"):
+        store.write_text(text)
+        assert GS.main(base + ["--search-store", str(store)]) == 2
+        assert "not a JSON object of search records" in capsys.readouterr().err
+        assert store.read_text() == text                      # left as it is
+    assert GS.main(base + ["--search-store", ""]) == 0
+    assert _store_path() is None and STORE_ENV not in os.environ
