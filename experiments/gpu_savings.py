@@ -22,9 +22,10 @@ Every instance also gets the twin-sound lower bound ``lb`` on the GPUs of *any* 
 twin accepts with the same window (``optim.feasibility.twin_lower_bound``: the largest load an
 unstarved GPU carries, measured with the verification seeds and a spread margin, one-adapter
 and adapter-count-aware, then busiest- and fullest-GPU replays and, where two GPUs are left,
-every split of adapters and load with up to ``--pair-checks`` GPU checks; where the best
-method's count is one above it, the exclusion for that count without the load thresholds,
-``raise_bound_to``), and ``lb_one`` (the
+every split of adapters and load with up to ``--pair-checks`` GPU checks; then, toward the
+best method's count, the exclusions without the load thresholds, ``raise_bound_to``: a count
+at a time without the checked searches while it is two or more above, with them once one
+above; ``point_bound``), and ``lb_one`` (the
 one-adapter part alone). A method's count is *certified optimal* at a point when the twin accepts its own placement with ``lb`` GPUs.
 
 MaxBase is reported both ways, each stated: ``maxbase`` is the GPUs its rule needs *scaled out*
@@ -254,14 +255,28 @@ def accepted_counts(rows: Sequence[dict]) -> list[int]:
 
 def point_bound(inst: Instance, bound, counts: Sequence[int], duration_s: float,
                 workers: int | None, class_checks: int | None = None) -> int:
-    """The point's ``lb``: the twin lower bound, raised by the exclusion of the best count minus
-    one without the bound's load thresholds where the best count is one above it
-    (``feasibility.raise_bound_to``; its class step with ``class_checks`` GPU checks, default
-    ``class_exclusion.CLASS_CHECKS``) — the same for a solve and for ``--rebound``."""
-    if counts and min(counts) == bound.best + 1:
-        return raise_bound_to(inst, bound.best, min(counts), duration_s, workers,
-                              SUPPLY_CHECKS, full_counts=True, class_checks=class_checks)
-    return bound.best
+    """The point's ``lb``: the twin lower bound, raised by the exclusions of
+    ``feasibility.raise_bound_to`` without the bound's load thresholds — the same for a solve
+    and for ``--rebound``. Where the best count is two or more above, one count at a time
+    without the checked searches (the count-partition bound, the fullest and busiest GPU, the
+    pair steps at two, the class step's caps and supply, the searches' cached successes):
+    each step excludes ``lb`` GPUs where fewer are already excluded, so ``lb + 1`` is a bound.
+    Where it is (then) one above, with the checked searches as well (the class step with
+    ``class_checks`` GPU checks, default ``class_exclusion.CLASS_CHECKS``)."""
+    lb = bound.best
+    if not counts:
+        return lb
+    best = min(counts)
+    while lb + 1 < best:
+        up = raise_bound_to(inst, lb, lb + 1, duration_s, workers, 0, full_counts=True,
+                            class_checks=0)
+        if up == lb:
+            return lb
+        lb = up
+    if best == lb + 1:
+        return raise_bound_to(inst, lb, best, duration_s, workers, SUPPLY_CHECKS,
+                              full_counts=True, class_checks=class_checks)
+    return lb
 
 
 def rebound(inst: Instance, part, workers: int | None, pair_checks: int,
@@ -279,8 +294,8 @@ def solve_point(inst: Instance, methods: Sequence[str], duration_s: float, max_e
                 class_checks: int | None = None) -> list[dict]:
     """Every method's row at one instance (``gpus_needed``; ``head`` starts each row), with
     the twin lower bound ``lb`` and ``lb_one``; rows already in ``store`` are taken from it and
-    new ones appended. Where the best count is one above the bound, the exclusion for that
-    count without the bound's load thresholds may certify it (``feasibility.raise_bound_to``).
+    new ones appended. The bound is raised toward the best count (``point_bound``), which
+    may certify it.
     ``keep_bound``: a point with a stored row of another method takes ``lb`` and ``lb_one``
     from it instead (the bound is the point's, not the method's; ``--rebound`` recomputes it),
     so rerunning one method spares the bound's exclusion searches."""

@@ -1,7 +1,7 @@
 """experiments.gpu_savings --rebound recomputes a point's bound as a solve does: the twin lower
-bound, raised by the exclusion of the best count minus one where that count is one above it
-(the rebound path once skipped that step and reported two certified quick points as one GPU
-above their bound)."""
+bound, raised by the exclusions of ``raise_bound_to`` toward the best count (the rebound path
+once skipped that step and reported two certified quick points as one GPU above their
+bound)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,15 @@ def test_rebound_raises_the_bound_where_the_best_count_is_one_above(monkeypatch)
     assert calls == [(1, 2, 600.0)]
 
 
-def test_rebound_keeps_the_bound_elsewhere(monkeypatch):
+def test_rebound_keeps_the_bound_where_no_step_excludes_a_count(monkeypatch):
+    """Two above, the steps without checked searches are tried for the bound's count; when
+    they exclude nothing the bound stays."""
     calls: list = []
-    _patch(monkeypatch, best=1, raised=2, calls=calls)
+    _patch(monkeypatch, best=1, raised=1, calls=calls)
     part = pd.DataFrame([{"instance": "p", "method": "greedy", "gpus": 3, "failed": False,
                           "duration_s": 3600.0}])
     assert GS.rebound(object(), part, 1, 0) == (1, 1)
-    assert calls == []
+    assert calls == [(1, 2, 3600.0)]
 
 
 def test_stored_rows_take_the_latest_row_of_the_chosen_study(tmp_path):
@@ -177,3 +179,30 @@ def test_search_store_option_points_the_bound_searches_at_a_file(tmp_path, capsy
         assert store.read_text() == text                      # left as it is
     assert GS.main(base + ["--search-store", ""]) == 0
     assert _store_path() is None and STORE_ENV not in os.environ
+
+
+def test_a_point_two_or_more_above_is_raised_a_count_at_a_time_then_checked(monkeypatch):
+    """``point_bound``: two or more above, the bound rises one count at a time by the steps
+    without checked searches (supply and class checks 0) while they exclude; once one above,
+    the checked searches run with the study's budgets; a step that excludes nothing stops."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fake(inst, lb, target, dur, workers, supply_checks=0, full_counts=False,
+             class_checks=None):
+        calls.append((lb, target, supply_checks, class_checks))
+        return target if target <= top else lb
+
+    monkeypatch.setattr(GS, "raise_bound_to", fake)
+    bound = SimpleNamespace(best=4)
+    top = 6
+    assert GS.point_bound(None, bound, [7, 9], 600.0, 1, class_checks=50) == 6
+    assert calls == [(4, 5, 0, 0), (5, 6, 0, 0), (6, 7, GS.SUPPLY_CHECKS, 50)]
+    calls.clear()
+    top = 5
+    assert GS.point_bound(None, bound, [7], 600.0, 1) == 5       # 5 -> 6 not shown: stop
+    assert calls == [(4, 5, 0, 0), (5, 6, 0, 0)]
+    calls.clear()
+    assert GS.point_bound(None, bound, [4], 600.0, 1) == 4       # certified: nothing to do
+    assert GS.point_bound(None, bound, [], 600.0, 1) == 4 and calls == []
