@@ -61,6 +61,14 @@ def read_json_cached(path: Path) -> dict:
     return data
 
 
+def dumps_entries(data: dict) -> str:
+    """``data`` as a JSON object with one entry per line, keys sorted: a file of thousands of
+    entries stays small, and a committed one (a study's search store) changes by the lines of
+    the entries that changed."""
+    return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}"
+                               for k, v in sorted(data.items())) + "\n}\n"
+
+
 def update_json(path: Path, new: dict) -> bool:
     """Add ``new``'s entries to the file, keeping every entry other processes wrote; a
     read-only cache directory is left alone (the values are measured again next time):
@@ -71,11 +79,11 @@ def update_json(path: Path, new: dict) -> bool:
             data = read_json(path)
             data.update(new)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=0, sort_keys=True))
+            tmp.write_text(dumps_entries(data))
             os.replace(tmp, path)
     except OSError:
         return False
     return True
 
 
-__all__ = ["locked", "read_json", "read_json_cached", "update_json"]
+__all__ = ["dumps_entries", "locked", "read_json", "read_json_cached", "update_json"]

@@ -54,3 +54,14 @@ def test_cached_reads_parse_a_file_again_only_after_it_changed(tmp_path, monkeyp
     assert D.read_json_cached(path) == {"a": 1} and len(parsed) == 1
     D.update_json(path, {"b": 2})             # parses once under the lock to merge
     assert D.read_json_cached(path) == {"a": 1, "b": 2} and len(parsed) == 3
+
+
+def test_a_file_holds_one_entry_per_line_in_key_order(tmp_path):
+    """Each entry on its own line, keys sorted: a committed store changes by the lines of the
+    entries that changed; the file reads back as the same object."""
+    path = tmp_path / "s.json"
+    update_json(path, {"b": {"x": [1, 2]}, "a": {"y": 1}})
+    update_json(path, {"c": {}})
+    lines = path.read_text().splitlines()
+    assert lines == ["{", '"a": {"y": 1},', '"b": {"x": [1, 2]},', '"c": {}', "}"]
+    assert read_json(path) == {"a": {"y": 1}, "b": {"x": [1, 2]}, "c": {}}
