@@ -659,7 +659,7 @@ def headroom_summary(p: Placement, applied: bool = True) -> dict[str, Any]:
              "accepted_with_headroom": ok, "text": hr.describe()} for i, ok, hr in rep]
     return {"applied": True,
             "rule": "throughput / (1 + headroom) >= starvation threshold x realised offered load",
-            "source": "twin/profiles/headroom.json (python -m twin.headroom --fit)",
+            "source": "twin/profiles/headroom.json (python -m twin.headroom_fit --fit)",
             "at_risk_gpus": [i for i, ok, _ in rep if p.gpus[i].verified.ok and not ok],
             "gpus": gpus}
 

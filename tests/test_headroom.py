@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from twin import headroom as HR
+from twin import headroom_fit as HRF
 from twin.metrics import memory_error_metrics
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "vllm_h100"
@@ -37,9 +38,9 @@ def test_committed_table_is_the_fit_on_the_max_search_runs():
     """Replays every max-search run on 2 processes (about 2 minutes) and refits."""
     committed = HR.headroom_table_for(LLAMA)
     assert committed is not None, "no headroom committed for the Llama profile"
-    df = HR.replay_csv(SHARED / HR.MAXSEARCH_CSV, workers=2, progress=False)
+    df = HRF.replay_csv(SHARED / HR.MAXSEARCH_CSV, workers=2, progress=False)
     assert len(df) > 300
-    table = HR.fit_headroom(df, LLAMA)
+    table = HRF.fit_headroom(df, LLAMA)
     fitted = table.to_dict()["regimes"]
     have = committed.to_dict()["regimes"]
     assert set(fitted) == set(have)
@@ -50,7 +51,7 @@ def test_committed_table_is_the_fit_on_the_max_search_runs():
 
 
 def test_the_derivation_reads_only_the_max_search_file(tmp_path, monkeypatch):
-    """``python -m twin.headroom --fit`` opens the max-search CSV and never the validation runs
+    """``python -m twin.headroom_fit --fit`` opens the max-search CSV and never the validation runs
     (the evaluation set): every file the fit opens is recorded (replays are stubbed)."""
     data = tmp_path / "vllm_h100"
     (data / "validation_llama").mkdir(parents=True)
@@ -63,12 +64,11 @@ def test_the_derivation_reads_only_the_max_search_file(tmp_path, monkeypatch):
                                                                     (192, 256)] * 4)]
     pd.DataFrame(rows, columns=cols).to_csv(data / HR.MAXSEARCH_CSV, index=False)
     pd.DataFrame(rows, columns=cols).to_csv(data / HR.VALIDATION_CSV, index=False)
-    import twin.shared_runs as TF
 
     def fake_replay(cfg, seed=0, io_correlation=None, client_latency=True):
         return {"throughput_tps": 1010.0, "offered_realised_tps": 1000.0, "starved": False,
                 "memory_error": False}
-    monkeypatch.setattr(TF, "replay_run", fake_replay)
+    monkeypatch.setattr(HRF, "replay_run", fake_replay)
     opened: list[str] = []
     real_open, real_read_csv = builtins.open, pd.read_csv
 
@@ -82,7 +82,7 @@ def test_the_derivation_reads_only_the_max_search_file(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "open", spy_open)
     monkeypatch.setattr(pd, "read_csv", spy_read_csv)
     out = tmp_path / "headroom.json"
-    assert HR.main(["--fit", str(data), "--out", str(out), "--quiet"]) == 0
+    assert HRF.main(["--fit", str(data), "--out", str(out), "--quiet"]) == 0
     assert any(p.endswith("maxsearch_llama.csv") for p in opened)
     assert not any("validation_llama.csv" in Path(p).name for p in opened), opened
     doc = json.loads(out.read_text())["profiles"][LLAMA]
@@ -101,9 +101,9 @@ def test_regimes_come_from_the_configuration_and_the_twins_run_only():
                        "twin_throughput_tps": rng.uniform(600, 1000, n),
                        "twin_memory_error": False, "real_starved": rng.random(n) < 0.5})
     df["real_tps"] = df["twin_throughput_tps"] * rng.uniform(0.9, 1.1, n)
-    a = HR.fit_headroom(df)
+    a = HRF.fit_headroom(df)
     df["real_starved"] = ~df["real_starved"]
-    assert HR.fit_headroom(df) == a
+    assert HRF.fit_headroom(df) == a
     assert all(e.headroom >= 0 for _, e in a.entries)
     assert HR.Regime.of(96, 100, 900.0, 1000.0) == HR.Regime("65-128", True, "saturated")
     assert HR.Regime.of(16, 8, 995.0, 1000.0) == HR.Regime("<=16", False, "keeps-up")

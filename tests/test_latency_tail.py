@@ -12,6 +12,7 @@ import pytest
 
 from twin import kernel as K
 from twin import latency_tail as LT
+from twin import latency_tail_fit as LTF
 from twin.sharegpt import default_lengths
 from twin.metrics import _hist_quantile, compute_metrics
 from twin.profile import load_profile
@@ -49,17 +50,17 @@ def _tail(**over) -> LT.LatencyTail:
     return LT.LatencyTail(**base)
 
 
-@pytest.mark.skipif(not (SHARED / LT.MAXSEARCH_CSV).exists(),
-                    reason=f"the shared max-search runs are absent ({SHARED / LT.MAXSEARCH_CSV}):"
+@pytest.mark.skipif(not (SHARED / LTF.MAXSEARCH_CSV).exists(),
+                    reason=f"the shared max-search runs are absent ({SHARED / LTF.MAXSEARCH_CSV}):"
                            " the committed constants cannot be refitted here")
 def test_committed_constants_are_the_fit_on_the_max_search_runs():
     """Refit from the shared runs (replays every max-search run, a few minutes) and compare
     with twin/profiles/latency_tail.json."""
     committed = LT.latency_tail_for(LLAMA)
     assert committed is not None, "no constants committed for the Llama profile"
-    samples = LT.replay_maxsearch(SHARED, LLAMA, progress=False, workers=2)
+    samples = LTF.replay_maxsearch(SHARED, LLAMA, progress=False, workers=2)
     assert len(samples) > 300
-    tail, report = LT.fit_latency_tail(samples)
+    tail, report = LTF.fit_latency_tail(samples)
     for f in dataclasses.fields(LT.LatencyTail):
         assert getattr(tail, f.name) == pytest.approx(getattr(committed, f.name), rel=1e-3,
                                                       abs=1e-6), f.name

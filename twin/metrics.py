@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import kernel as K
+from .latency_tail import client_view
 from .slo import evaluate_slo
 
 
@@ -177,7 +178,6 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     ttft = (first_t[done] - arrival[done]) * 1000.0
     view = None
     if latency_tail is not None:
-        from .latency_tail import client_view
         view = client_view(latency_tail, arrival, adapter, stats, duration_s, first_t)
         ttft = ttft + view.offsets_ms[done]
         p50_itl, p99_itl = view.itl_quantiles_ms(itl_hist)
@@ -195,7 +195,6 @@ def compute_metrics(arrival: np.ndarray, in_len: np.ndarray, out_len: np.ndarray
     else:
         mean_tpot = p50_tpot = p99_tpot = float("nan")
     if slo is not None and slo_tail is not None and slo_tail is not latency_tail:
-        from .latency_tail import client_view
         view = client_view(slo_tail, arrival, adapter, stats, duration_s, first_t)
     n_unfinished = n_arrived - n_done
     ttft_paper = ((float(ttft.sum()) + n_unfinished * duration_s * 1000.0) / n_arrived

@@ -12,6 +12,8 @@ import numpy as np
 
 from . import kernel as K
 from .adapter_cache import activation_ranks
+from .headroom import judge
+from .latency_tail import latency_tail_for
 from .lengths import LengthModel
 from .sharegpt import default_lengths
 from .metrics import RunMetrics, compute_metrics, memory_error_metrics, realised_offered_tps
@@ -238,7 +240,6 @@ def _slo_tail(profile: GpuProfile, config: ServerConfig):
     the profile's fitted ``twin.latency_tail`` constants, None without an SLO or constants."""
     if config.slo is None or config.slo.latency != "client":
         return None
-    from .latency_tail import latency_tail_for
     return latency_tail_for(profile)
 
 
@@ -289,7 +290,6 @@ def judged_with_headroom(m: RunMetrics, profile, max_loras: int, served_adapters
                          threshold: float) -> RunMetrics:
     """``m`` with ``headroom`` set: the headroom of its regime (``twin.headroom``) and whether
     the run passes with it; ``RunMetrics.accepted`` then requires that too."""
-    from .headroom import judge
     ok, hr = judge(profile, max_loras, served_adapters, m, threshold)
     return replace(m, headroom={"h": hr.h, "ok": ok, "text": hr.describe(),
                                 "regime": hr.regime.describe() if hr.regime else None,

@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from ..limits import TIME_SCALE_RANGE
 from ..profile import GpuProfile
 from .adapters import AdapterError, AdapterRegistry
-from .cli import TIME_SCALE_RANGE
 from .engine import BASE_MODEL, EngineCore, EngineRequest, EngineSettings, WallClockEngine
 from .metrics import CONTENT_TYPE, ServeMetrics, VllmRelease, cache_config_info
 from .validate import RequestError, check_request, parse_body

@@ -11,6 +11,8 @@ from typing import Sequence
 
 from ..cli_support import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, HelpFormatter,
                            int_at_least, positive_int, run_command, seed_type)
+# ranges of the flags the twin can simulate (checked in config_from_args; --help states them)
+from ..limits import MAX_NUM_BATCHED_TOKENS_MAX, MAX_NUM_SEQS_MAX, TIME_SCALE_RANGE  # noqa: F401
 
 DEFAULT_PROFILE = "llama-3.1-8b-instruct"
 
@@ -40,11 +42,7 @@ EPILOG = ("example: python -m twin serve --profile llama-3.1-8b-instruct --enabl
           "the flag, adapter or file); 130 interrupted (Ctrl-C).")
 
 
-# ranges of the flags the twin can simulate (checked in config_from_args; --help states them)
-TIME_SCALE_RANGE = (1e-3, 1e3)    # twin seconds per wall second (ServeConfig's range too)
-MAX_NUM_SEQS_MAX = 65_536
-MAX_NUM_BATCHED_TOKENS_MAX = 1_048_576
-MAX_NAME_LEN = 256
+MAX_NAME_LEN = 256                # longest --served-model-name / adapter name
 
 
 def build_parser() -> argparse.ArgumentParser:
