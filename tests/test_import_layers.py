@@ -1,6 +1,7 @@
-"""Import layers: ``optim`` has no import circles (function-level imports count: they are
-circles all the same, only deferred), nor have the twin's routing, length-model and arrival
-modules, and ``twin`` never imports the studies in ``experiments``."""
+"""Import layers: no module of the project imports itself back (function-level imports count:
+they are circles all the same, only deferred) — ``optim``, the twin's routing, length-model and
+arrival modules, and every other module of ``twin``, ``optim``, ``surrogates`` and
+``experiments`` — and ``twin`` never imports the studies in ``experiments``."""
 
 from __future__ import annotations
 
@@ -88,6 +89,15 @@ def test_twin_routing_lengths_and_arrivals_have_no_import_circles():
     near = ("twin.routing", "twin.lengths", "twin.sharegpt", "twin.length_models",
             "twin.arrivals", "twin.workload")
     assert [c for c in _cycles(graph) if any(m.startswith(near) for m in c)] == []
+
+
+def test_no_module_of_the_project_imports_itself_back():
+    """The whole project: the twin's models and their fits (``twin.latency_tail`` /
+    ``latency_tail_fit``, ``twin.headroom`` / ``headroom_fit``) and twin serve's app and CLI
+    once formed circles."""
+    graph = _module_graph(("twin", "optim", "surrogates", "experiments"))
+    assert len(graph) > 100 and graph["twin.server"]       # the graph was read
+    assert _cycles(graph) == []
 
 
 def test_the_twin_never_imports_the_studies():
