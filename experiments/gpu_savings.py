@@ -1,6 +1,7 @@
 """GPU savings study: GPUs each method needs on the paper scenarios, twin-verified.
 
-``python -m experiments.gpu_savings [--quick] [--json OUT] [--out-dir DIR] [--duration S]``
+``python -m experiments.gpu_savings [--quick] [--json OUT] [--out-dir DIR] [--duration S]
+[--store FILE] [--rebound ROWS] [--class-checks N] [--search-store FILE] [--status]``
 
 For every instance of ``instances/paper`` (scenario = base model x rank set x rate set, growing
 adapter counts) and every registered method (``--methods``; by default all but ``milp`` and

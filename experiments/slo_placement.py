@@ -1,7 +1,8 @@
 """Placement under latency SLOs: GPUs needed at three SLO levels against the 90 % rule.
 
 ``python -m experiments.slo_placement [--quick] [--methods greedy,loraserve] [--workers W]
-[--out-dir DIR] [--store FILE] [--rebound] [--keep-bounds] [--class-checks N]``
+[--out-dir DIR] [--store FILE] [--rebound] [--keep-bounds] [--class-checks N]
+[--search-store FILE] [--status]``
 
 For each paper instance (``--quick``: the Llama scenarios at their 2nd and 4th smallest adapter
 counts, 600 s twin window; else every paper instance with its own window) and each level below, every
