@@ -14,8 +14,8 @@ the real run):
 - ``load``: ``saturated`` when the twin's own run already falls behind its arrivals (twin
   throughput < ``SATURATED_RATIO`` x its realised offered load), else ``keeps-up``.
 
-Derivation (``fit_headroom``): per max-search run ``e = (twin - real) / real`` throughput (the
-twin replays the run from its configuration columns with ``twin.shared_runs
+Derivation (``twin.headroom_fit.fit_headroom``): per max-search run ``e = (twin - real) /
+real`` throughput (the twin replays the run from its configuration columns with ``twin.shared_runs
 .replay_run``, seed 0, engine latencies); per regime ``h`` = the ``QUANTILE`` (90th percentile)
 of ``max(e, 0)`` over its runs. A regime with fewer than ``MIN_RUNS`` runs falls back to its
 parent, in the order (slots, swapping, load) -> (slots, swapping) -> (slots) -> overall; the
