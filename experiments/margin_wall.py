@@ -22,9 +22,9 @@ instead (e.g. one a class step recorded as passing its checks).
 
 The line before it states the band the bound's checks leave whatever a GPU's own spread
 (``SPREAD_SIGMAS`` x the one-adapter carry limit's relative spread over the bound seeds, under
-the level's SLO). Last line: ``gpus=<k> accepted=<bool> best_order_min_score=<x> weakest_gpu_mean=<m> sd=<s>
-spread_margin=<SPREAD_SIGMAS x s>``: ``accepted`` when some order puts every GPU at >= 1;
-``weakest_gpu_mean`` the lowest of the GPUs' mean scores over the positions (below 1: the split
+the level's SLO). Last line: ``gpus=<k> accepted=<bool> best_order_min_score=<x>
+weakest_gpu_mean=<m> sd=<s> spread_margin=<SPREAD_SIGMAS x s>``: ``accepted`` when some order
+puts every GPU at >= 1; ``weakest_gpu_mean`` the lowest of the GPUs' mean scores over the positions (below 1: the split
 is rejected in expectation), ``sd`` the pooled spread of a GPU's score from position to position
 (the draw's), ``spread_margin`` the band below 1 inside which the bound's checks cannot call a
 GPU failing.
@@ -136,19 +136,14 @@ def draw_spread(S: np.ndarray) -> tuple[float, float]:
 
 def check_floor(inst: Instance, duration_s: float, workers: int | None = None) -> str:
     """The band below 1 inside which no GPU check calls a GPU failing, whatever its own spread
-    (``feasibility.gpu_excluded``: ``SPREAD_SIGMAS`` x the relative spread of the one-adapter
-    carry limit over the bound seeds, under the instance's SLO; measured once, cached)."""
-    from optim import feasibility as F
-    from optim.capacity import SPREAD_SIGMAS, carry_limit
+    (``feasibility.check_floor``, under the instance's SLO; measured once, cached)."""
+    from optim.feasibility import check_floor as floor_of
     b = inst.bound_view()
-    t = b.gpu_types[0]
-    one = carry_limit(t.load_profile(), F._type_rank(b, t), 1, b.lengths, duration_s,
-                      F._bound_seeds(b), b.starvation_threshold, workers, b.slo)
+    one, need = floor_of(b, b.gpu_types[0], duration_s, workers)
     rel = one.spread_tps / float(np.mean(one.per_seed_tps))
     return (f"one-adapter carry limit over the {len(one.per_seed_tps)} bound seeds: "
             f"{min(one.per_seed_tps):,.0f}-{max(one.per_seed_tps):,.0f} tok/s, relative sd "
-            f"{100 * rel:.2f} %: a GPU check calls a GPU failing only below "
-            f"{1 - SPREAD_SIGMAS * rel:.4f}")
+            f"{100 * rel:.2f} %: a GPU check calls a GPU failing only below {need:.4f}")
 
 
 def _instance(name: str) -> Path | None:

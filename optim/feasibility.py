@@ -27,8 +27,8 @@ import numpy as np
 
 from twin.workload import Adapter
 
-from .capacity import (BOUND_SEEDS, backbone_max_throughput, carry_limit, max_startable_amax,
-                       smallest_startable_rank)
+from .capacity import (BOUND_SEEDS, CarryLimit, backbone_max_throughput, carry_limit,
+                       max_startable_amax, smallest_startable_rank)
 from .count_bound import adapter_count_bound, count_caps, solve_count_max
 from .feasibility_report import FeasibilityReport, Reason
 from .instance import Instance
@@ -396,6 +396,21 @@ def gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duratio
     return out
 
 
+def check_floor(inst: Instance, t, duration_s: float, workers: int | None = None
+                ) -> tuple[CarryLimit, float] | None:
+    """GPU type ``t``'s one-adapter carry limit for ``inst`` (at its rank, under its SLO, over
+    the bound seeds) and the score below which ``gpu_excluded`` may call a GPU of that type
+    failing whatever the GPU's own spread: 1 - ``SPREAD_SIGMAS`` x the limit's relative spread.
+    None where the type serves none of ``inst``'s ranks."""
+    from .capacity import SPREAD_SIGMAS
+    r = _type_rank(inst, t)
+    if r is None:
+        return None
+    one = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s, _bound_seeds(inst),
+                      inst.starvation_threshold, workers, inst.slo)
+    return one, 1.0 - SPREAD_SIGMAS * one.spread_tps / float(np.mean(one.per_seed_tps))
+
+
 def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, duration_s: float,
                   workers: int | None) -> bool:
     from .amax_search import amax_upper, twin_scores
@@ -405,12 +420,9 @@ def _gpu_excluded(inst: Instance, adapters: Sequence[Adapter], rank: int, durati
     pairs = [(a, 1.0) for a in adapters]
     seeds = _bound_seeds(inst)
     for t in inst.gpu_types:
-        r = _type_rank(inst, t)
-        if r is None or max_startable_amax(t.load_profile(), rank) < 1:
+        if _type_rank(inst, t) is None or max_startable_amax(t.load_profile(), rank) < 1:
             continue
-        one = carry_limit(t.load_profile(), r, 1, inst.lengths, duration_s, seeds,
-                          inst.starvation_threshold, workers, inst.slo)
-        need = 1.0 - SPREAD_SIGMAS * one.spread_tps / float(np.mean(one.per_seed_tps))
+        need = check_floor(inst, t, duration_s, workers)[1]
         plan = plan_gpu(t.name, t.profile, 1, pairs, inst.mean_tokens, rank)
         top = amax_upper(plan)
 

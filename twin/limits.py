@@ -53,6 +53,8 @@ def tokens_limit(max_model_len: int | None = None) -> tuple[int, str]:
     if max_model_len is not None:
         return int(max_model_len), f"the profile's max_model_len {int(max_model_len):,}"
     return MAX_TOKENS_PER_REQUEST, f"the limit of {MAX_TOKENS_PER_REQUEST:,} tokens per request"
+
+
 # ranges of the ``twin serve`` flags the twin can simulate (``twin.serve.cli`` checks them;
 # ``twin.serve.app.ServeConfig`` checks the time scale too)
 TIME_SCALE_RANGE = (1e-3, 1e3)            # twin seconds per wall second

@@ -12,7 +12,7 @@ from typing import Sequence
 from ..cli_support import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, HelpFormatter,
                            int_at_least, positive_int, run_command, seed_type)
 # ranges of the flags the twin can simulate (checked in config_from_args; --help states them)
-from ..limits import MAX_NUM_BATCHED_TOKENS_MAX, MAX_NUM_SEQS_MAX, TIME_SCALE_RANGE  # noqa: F401
+from ..limits import MAX_NUM_BATCHED_TOKENS_MAX, MAX_NUM_SEQS_MAX, TIME_SCALE_RANGE
 
 DEFAULT_PROFILE = "llama-3.1-8b-instruct"
 
