@@ -294,11 +294,14 @@ def test_client_view_adds_the_latency_tail_to_the_judgement():
 
 def test_exact_configurations_are_capped_by_the_slo_and_cpsat_agrees_with_brute_force():
     """Under an SLO the exact model's configurations carry at most the one-adapter carry limit
-    under it (the cap greedy's packing uses too); cpsat's placement is twin-accepted, never
-    below the brute-force optimum, and equal to it when it claims optimality in the twin."""
+    under it (``load_caps``) or, with greedy's SLO table, at most the table's limit at the
+    largest busy count each admits; cpsat (which builds its model from the table) gives a
+    twin-accepted placement, never below the brute-force optimum, and equal to it when it claims
+    optimality in the twin."""
     from optim.exact.capacity import build_problem
     from optim.exact.problem import scale_cap
     from optim.greedy import slo_caps
+    from optim.slo_capacity import measure_slo_capacity
     rates, ranks = (0.6, 0.6, 0.6), (8, 8, 16)
     inst = _tiny(rates, ranks, Slo(itl_p99_ms=20.0))
     caps = slo_caps(inst, inst.duration_s, 1)
@@ -308,9 +311,75 @@ def test_exact_configurations_are_capped_by_the_slo_and_cpsat_agrees_with_brute_
     assert max(c.cap for c in plain.types[0].configs) > top
     assert max(c.cap for c in capped.types[0].configs) == top
     assert any("under the SLO" in n for n in capped.notes)
+    tables = measure_slo_capacity(inst, inst.duration_s, 1)
+    tabled = build_problem(inst, slo_tables=tables)
+    assert tables["h100"].one_tps == pytest.approx(caps["h100"])
+    assert max(c.cap for c in tabled.types[0].configs) <= top
+    assert any("SLO table" in n for n in tabled.notes)
     best = _brute_force_min_gpus(inst)
     from optim.methods import MethodOptions
     p = solve(inst, "cpsat", verify=True, workers=1, options=MethodOptions(time_limit_s=60))
     assert p.verdict == "accepted" and p.n_gpus >= best
     if "optimal in the twin" in (p.params.get("claim") or ""):
         assert p.n_gpus == best
+
+
+def _table(one: float, ranks_limits: dict[int, tuple[tuple[float, ...], tuple[float, ...]]]):
+    from optim.slo_capacity import RankCurve, SloCapacity
+    curves = tuple(RankCurve(r, tuple(range(1, len(b) + 1)), tuple(lim), tuple(b))
+                   for r, (b, lim) in sorted(ranks_limits.items()))
+    return SloCapacity("h100", one, curves)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_slo_table_caps_no_admitted_gpu_above_greedys_gate(seed):
+    """Every adapter set a configuration capped by the SLO table admits carries at most what
+    greedy's SLO gate (``SloCapacity.row_caps``) allows a GPU of that server rank: the exact
+    models never propose a GPU greedy's packing would call over the SLO. Random tables and
+    adapter sets on the committed capacity model (piece feature ``busy30``, which counts every
+    adapter at least as busy as the table's ``busy5``)."""
+    from optim.exact.capacity import build_problem
+    from optim.exact.problem import LOAD_SCALE
+    from surrogates.features import FEATURES, IDX, adapter_feature_matrix
+    rng = np.random.default_rng(seed)
+    n = 24
+    rates = rng.lognormal(-1.5, 1.2, n).clip(0.005, 3.0)
+    rks = rng.choice([8, 16, 32], n)
+    inst = _tiny(tuple(rates), tuple(int(r) for r in rks), Slo(itl_p99_ms=50.0))
+    busy = np.cumsum(rng.uniform(0.3, 2.0, 6))
+    lim = np.sort(rng.uniform(800.0, 9000.0, 6))[::-1]
+    table = _table(float(lim[0]), {8: (tuple(busy), tuple(lim)),
+                                   32: (tuple(busy), tuple(lim * 0.8))})
+    P = build_problem(inst, slo_tables={"h100": table})
+    cfgs = P.types[0].configs
+    assert cfgs
+    checked = 0
+    for _ in range(400):
+        items = sorted(rng.choice(n, int(rng.integers(1, n + 1)), replace=False).tolist())
+        for p in P.configs_admitting(0, items):
+            c = cfgs[p]
+            M = adapter_feature_matrix([int(rks[i]) for i in items],
+                                       [float(rates[i]) for i in items], inst.lengths)
+            row = np.zeros(len(FEATURES))
+            row[:M.shape[1]] = M.sum(axis=0)
+            row[IDX["max_rank"]] = c.rank
+            gate = float(table.row_caps(row[None, :])[0])
+            assert sum(P.loads[i] for i in items) / LOAD_SCALE <= gate * (1 + 1e-9), (items, c)
+            checked += 1
+    assert checked > 20
+
+
+def test_slo_table_cap_falls_back_to_the_one_adapter_limit_on_other_features():
+    """A piece feature that may count an adapter less busy than the table's (here the request
+    rate) cannot carry the table's curve: only its one-adapter limit caps the configurations."""
+    from optim.exact.capacity import _slo_capped, slo_table_cap
+    from optim.exact.problem import Config, scale_cap
+    table = _table(5000.0, {8: ((1.0, 4.0), (5000.0, 2000.0))})
+    cfgs = (Config(8, 16, 0, 10 ** 7, scale_cap(9000.0), label="a"),)
+    out, note = _slo_capped(cfgs, table, "rate", integral=False)
+    assert out[0].cap == scale_cap(5000.0) and "does not bound" in note
+    out, note = _slo_capped(cfgs, table, "busy30", integral=False)
+    assert out[0].cap == scale_cap(2000.0) and "SLO table" in note
+    # at x = 2.5 (between the points): interpolated, never above the one-adapter limit
+    assert slo_table_cap(table, 8, 2_500_000, integral=False) == pytest.approx(3500.0, rel=1e-3)
+    assert slo_table_cap(table, 8, 0, integral=False) == pytest.approx(5000.0)

@@ -218,6 +218,48 @@ def configs_from_pieces(model, prof, integral: bool = True, objective: str = "gp
     return tuple(out)
 
 
+# piece features whose per-adapter value is never below the SLO table's busy count
+# 1 - exp(-5 s x rate): a GPU's table cap at its feature value is then at most its cap at its
+# own busy count (the table's caps fall with the busy count)
+SLO_TABLE_FEATURES = ("n", "busy5", "busy30")
+_SLO_X_SLACK = 1e-3     # feature units: covers the per-adapter rounding of non-integer features
+
+
+def slo_table_cap(table, rank: int, x_hi: int, integral: bool) -> float:
+    """The SLO table's limit (tok/s) for a configuration of server rank ``rank`` whose feature
+    interval ends at ``x_hi`` (integer units, inclusive): ``table.curve_for(rank)`` at the
+    largest feature value admitted, never above the one-adapter limit. Every GPU the
+    configuration admits has a busy count at most that value, so this is at most the cap greedy's
+    packing gives it at the configuration's server rank (``SloCapacity.row_caps``):
+
+        cap_slo(p) = min(one_t, C_{r_p}(x_hi_p / s + slack)),   C decreasing in the busy count
+
+    (s = 1 for integer features, ``X_SCALE`` otherwise)."""
+    from .problem import X_SCALE
+    one = float(table.one_tps)
+    if not table.curves:
+        return one
+    x = float(x_hi) if integral else float(x_hi) / X_SCALE
+    return float(min(one, table.curve_for(rank).cap_tps(x + _SLO_X_SLACK)))
+
+
+def _slo_capped(cfgs: Sequence[Config], table, x_feature: str, integral: bool
+                ) -> tuple[tuple[Config, ...], str]:
+    """``cfgs`` capped by the SLO table (``slo_table_cap``), dropping those left empty; with a
+    piece feature the table cannot bound (``SLO_TABLE_FEATURES``), by its one-adapter limit."""
+    if x_feature in SLO_TABLE_FEATURES:
+        caps = [scale_cap(slo_table_cap(table, c.rank, c.x_hi, integral)) for c in cfgs]
+        note = (f"configurations capped by the SLO table (limit by rank and busy count at each "
+                f"piece's largest {x_feature}; one adapter {table.one_tps:.0f} tok/s)")
+    else:
+        caps = [scale_cap(table.one_tps)] * len(cfgs)
+        note = (f"configurations capped at {table.one_tps:.0f} tok/s (the one-adapter carry "
+                f"limit under the SLO; feature {x_feature} does not bound the busy count)")
+    out = tuple(replace(c, cap=min(c.cap, k)) for c, k in zip(cfgs, caps)
+                if min(c.cap, k) >= max(c.load_lo, 1))
+    return out, note
+
+
 def constant_configs(gt, prof, objective: str = "gpus") -> tuple[Config, ...]:
     """Constant capacity: one configuration per rank class starting at ``capacity_amax``."""
     cap = scale_cap(gt.capacity_tps)
@@ -245,7 +287,8 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
                   models: dict[str, Any] | None = None, allow_provisional: bool = True,
                   itl_fns: dict[str, Callable] | None = None,
                   progress: bool = False,
-                  load_caps: dict[str, float] | None = None) -> PackingProblem:
+                  load_caps: dict[str, float] | None = None,
+                  slo_tables: dict[str, Any] | None = None) -> PackingProblem:
     """The ``PackingProblem`` of an instance (with its ``max_homes``). ``models`` maps a
     profile name to a capacity
     model (anything with ``pieces()``) overriding the committed one; ``itl_fns`` maps a profile
@@ -254,7 +297,14 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
     SLO, the one-adapter carry limit under it (``greedy.slo_caps``), which no GPU meeting the SLO
     exceeds, so the model proposes no GPU the SLO rules out by load alone::
 
-        cap_p <- min(cap_p, floor(load_cap_t x LOAD_SCALE))   for every piece p of type t"""
+        cap_p <- min(cap_p, floor(load_cap_t x LOAD_SCALE))   for every piece p of type t
+
+    ``slo_tables`` (GPU type name -> ``optim.slo_capacity.SloCapacity``, the table greedy packs
+    with under the SLO) caps each configuration by the table's limit at the largest feature
+    value its interval admits (``slo_table_cap``), so the exact models and greedy's packing
+    read the same SLO surrogate; valid for piece features that count every adapter at least
+    as busy as the table's 5 s busy count (``n``, ``busy5``, ``busy30``), else only the
+    one-adapter limit ``one_tps`` applies (a note says so)."""
     from surrogates.features import adapter_feature_matrix, ADDITIVE
     from twin.profile import load_profile
 
@@ -302,6 +352,11 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
                          if min(c.cap, top) >= max(c.load_lo, 1))
             notes.append(f"gpus[{t.name}]: configurations capped at {load_caps[t.name]:.0f} tok/s "
                          "(the one-adapter carry limit under the SLO)")
+        if slo_tables and t.name in slo_tables:
+            cfgs, note = _slo_capped(cfgs, slo_tables[t.name], xf, integral)
+            if objective != "latency":      # capped pieces may now be dominated
+                cfgs = reduce_dominated(cfgs)
+            notes.append(f"gpus[{t.name}]: {note}")
         types.append(TypeSpec(t.name, t.profile, t.count, t.price_per_hour, cfgs, source))
     x_feature = x_feature or "n"
     integral = x_feature == "n" or x_feature.startswith("n_rank")

@@ -657,12 +657,12 @@ def _solve_exact(inst: Instance, objective, solver: str, time_limit_s: float | N
         else DEFAULT_MAX_ITERATIONS)
     t_start = time.perf_counter()
     deadline = t_start + tl
-    caps = None
-    if problem is None and inst.slo is not None:    # no GPU meeting the SLO carries more
-        from ..greedy import slo_caps
-        caps = slo_caps(inst, float(duration_s or inst.duration_s), workers)
+    tables = None
+    if problem is None and inst.slo is not None:    # greedy's SLO table: the same surrogate
+        from ..slo_capacity import measure_slo_capacity
+        tables = measure_slo_capacity(inst, float(duration_s or inst.duration_s), workers)
     P = problem or build_problem(inst, obj.name, getattr(obj, "gpu_budget", None), models=models,
-                                 load_caps=caps)
+                                 slo_tables=tables)
     state.update(obj=obj, method=method, solver=solver, P=P)
     sources = sorted({t.source for t in P.types})
     constant = all(t.source == "constant" for t in P.types)
