@@ -143,18 +143,6 @@ class SloGated:
         return thr, starved | (M[:, self.load_col] > self.capacity.row_caps(M))
 
 
-def slo_caps(inst: Instance, duration_s: float, workers: int | None = None) -> dict[str, float]:
-    """Per GPU type, the one-adapter carry limit under ``inst.slo`` at the type's smallest rank
-    (the exact models' configuration cap); empty without an SLO. With adapter classes, under
-    the loosest SLO they allow (``Instance.bound_view``): a cap no GPU that meets its classes'
-    bounds exceeds."""
-    inst = inst.bound_view()
-    if inst.slo is None:
-        return {}
-    from .feasibility import one_adapter_caps
-    return one_adapter_caps(inst, duration_s, workers)
-
-
 SURROGATES = ("fast", "capacity")
 _CAPACITY_CACHE: dict[str, CapacitySurrogate] = {}
 

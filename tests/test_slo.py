@@ -300,11 +300,11 @@ def test_exact_configurations_are_capped_by_the_slo_and_cpsat_agrees_with_brute_
     optimality in the twin."""
     from optim.exact.capacity import build_problem
     from optim.exact.problem import scale_cap
-    from optim.greedy import slo_caps
+    from optim.feasibility import one_adapter_caps
     from optim.slo_capacity import measure_slo_capacity
     rates, ranks = (0.6, 0.6, 0.6), (8, 8, 16)
     inst = _tiny(rates, ranks, Slo(itl_p99_ms=20.0))
-    caps = slo_caps(inst, inst.duration_s, 1)
+    caps = one_adapter_caps(inst, inst.duration_s, 1)
     plain = build_problem(_tiny(rates, ranks, None))
     capped = build_problem(inst, load_caps=caps)
     top = scale_cap(caps["h100"])

@@ -294,8 +294,8 @@ def build_problem(inst, objective: str | None = None, gpu_budget: int | None = N
     model (anything with ``pieces()``) overriding the committed one; ``itl_fns`` maps a profile
     to an ITL table function (latency objective; default: from the committed ITL model).
     ``load_caps`` (GPU type name -> tok/s) caps every configuration of that type: under a latency
-    SLO, the one-adapter carry limit under it (``greedy.slo_caps``), which no GPU meeting the SLO
-    exceeds, so the model proposes no GPU the SLO rules out by load alone::
+    SLO, the one-adapter carry limit under it (``feasibility.one_adapter_caps``), which no GPU
+    meeting the SLO exceeds, so the model proposes no GPU the SLO rules out by load alone::
 
         cap_p <- min(cap_p, floor(load_cap_t x LOAD_SCALE))   for every piece p of type t
 
