@@ -275,27 +275,33 @@ def test_batch_adapters_is_the_step_time_weighted_mean():
     assert LT.batch_adapters(np.zeros(K.N_STATS)) == 0.0
 
 
-def test_cold_start_waits_match_a_direct_count():
-    """Each request waits for the end of the cold-start block it arrives in and a whole block
-    for each one starting before its first token; a brute-force count over blocks agrees."""
-    rng = np.random.default_rng(4)
-    starts = np.sort(rng.uniform(0, 100, 40))
-    arrival = np.concatenate([rng.uniform(0, 110, 500), starts])   # the firsts themselves too
-    wait = rng.exponential(0.5, len(arrival))
-    c = 300.0
-    got = LT.cold_start_waits_ms(c, arrival, wait, starts)
-    want = np.zeros(len(arrival))
-    for i, (a, t) in enumerate(zip(arrival, wait)):
-        before = starts[starts <= a]
-        if len(before):
-            want[i] += 1000.0 * max(before[-1] + c / 1000.0 - a, 0.0)
-        want[i] += c * np.count_nonzero((starts > a) & (starts <= a + t))
-    assert got == pytest.approx(want)
-    assert got[-len(starts):].min() >= c - 1e-6    # an adapter's first request waits its load
-    assert LT.cold_start_waits_ms(0.0, arrival, wait, starts).sum() == 0.0
-    # without waits only requests arriving inside a block wait, and never longer than it
-    bare = LT.cold_start_waits_ms(c, arrival, np.zeros(len(arrival)), starts)
-    assert (bare <= c + 1e-9).all() and (bare <= got + 1e-9).all()
+def test_cold_start_waits_match_the_queued_reference():
+    """The loads queue one after another: the vectorised schedule agrees with the plain walk
+    through the blocks (``cold_start_waits_py``), clustered first arrivals build a backlog, an
+    adapter's first request waits at least its own load, and with blocks far apart a request
+    waits the rest of the block it arrives in plus a whole block per one starting in its wait."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        firsts = np.concatenate([rng.uniform(0, 5, 30), rng.uniform(0, 100, 20)])
+        arrival = np.concatenate([rng.uniform(0, 110, 500), firsts])
+        wait = rng.exponential(0.5, len(arrival))
+        wait[::7] = 0.0
+        first = np.zeros(len(arrival), bool)
+        first[-len(firsts):] = True
+        starts, own = LT.own_blocks(arrival, first)
+        c = 300.0
+        got = LT.cold_start_waits_ms(c, arrival, wait, starts, own)
+        assert got == pytest.approx(LT.cold_start_waits_py(c, arrival, wait, starts, own),
+                                    abs=1e-6)
+        assert got[first].min() >= c - 1e-6          # an adapter's first request: its own load
+        # 30 loads asked for in 5 s: the last of them ends near 30 x 0.3 s
+        assert LT.ColdStartSchedule.of(starts, c).end.max() >= 9.0 - 1e-9
+        assert LT.cold_start_waits_ms(0.0, arrival, wait, starts, own).sum() == 0.0
+    starts = np.arange(10.0, 100.0, 10.0)                # blocks 10 s apart never queue
+    arrival = np.array([10.1, 15.0, 19.9, 29.95, 30.05])
+    wait = np.array([0.0, 0.0, 0.2, 0.0, 0.0])
+    got = LT.cold_start_waits_ms(300.0, arrival, wait, starts)
+    assert got == pytest.approx([200.0, 0.0, 300.0, 0.0, 250.0])
 
 
 def test_cold_starts_hold_back_requests_of_other_adapters():

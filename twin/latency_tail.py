@@ -22,12 +22,19 @@ fit command below prints the SMAPE before and after):
    from disk when it first schedules it), so it holds back every request waiting for its
    first token then, not only the adapter's own: on the shared no-swap runs with 32-128
    adapters at 2-8 requests/s the real p99 TTFT is 170-1230 ms where cold starts are only
-   0.2-0.5 % of the requests. Modelled as a block of ``cold_start_ms`` from each adapter's
-   first arrival: a request arriving during a block waits for its end, one waiting for its
-   first token when a block starts waits ``cold_start_ms`` longer (the adapter's own first
-   request included); the block's gap in running requests' tokens is not modelled. Against
-   charging the first request alone, the fit's p99 TTFT SMAPE on the unstarved max-search runs
-   drops from 25.8 to 20.2 % and on the unstarved validation runs from 15.3 to 14.6 %.
+   0.2-0.5 % of the requests. The loads run one after another, so adapters first asked for
+   close together queue: the low-rate rank-32 runs with 64-128 adapters have a real mean TTFT
+   5-12 times their median and a p99 of 10-14 s, the backlog of the loads asked for in the
+   first seconds. Modelled as a block of ``cold_start_ms`` per adapter, queued from its first
+   arrival behind the blocks before it (:class:`ColdStartSchedule`): a request gets its first
+   token once its engine wait has passed outside blocks, so it waits out the block it arrives
+   in and every block that begins before its first token, and an adapter's first request waits
+   at least until its own block ends; the blocks' gap in running requests' tokens is not
+   modelled (as delivery stalls of every stream it raised the fit's p99 ITL SMAPE, 10.04 ->
+   10.11 %). Against blocks that overlap instead of queueing, the fit (mean + median + p99
+   TTFT SMAPE on the unstarved max-search runs) drops from 42.5 to 35.7 (mean TTFT 12.2 -> 9.7
+   %, p99 20.3 -> 17.3 %), and on the unstarved validation runs, never used by the fit, the
+   mean TTFT SMAPE from 8.38 to 7.69 %.
 3. **Token delivery jitter.** The API server hands tokens to the client late now and then,
    more often and longer the more streams it serves; a late token is followed by a short gap
    (the next token catches up), so the mean inter-token gap is unchanged while the tail widens
@@ -100,6 +107,7 @@ from . import kernel as K
 CONSTANTS_FILE = Path(__file__).resolve().parent / "profiles" / "latency_tail.json"
 N_REF = 100.0       # adapters at which the saturated mean delivery delay is itl_delay_ms
 W_REF = 100.0       # waiting requests at which the queue term halves the delay at exponent 1
+GAP_EPS_S = 1e-9    # cold-start blocks closer than this (s) are back to back
 A_REF = 30.0        # arrivals per engine step at which the stall term is stall_per_request x rate
 OPTIONAL_TERMS = frozenset({"itl_delay_active_exp", "itl_delay_queue_exp",
                             "stall_per_request", "stall_ms", "stall_step_exp",
@@ -230,43 +238,109 @@ def batch_adapters(stats: np.ndarray) -> float:
 
 
 def cold_start_waits_ms(cold_start_ms: float, arrival: np.ndarray, wait_s: np.ndarray,
-                        starts: np.ndarray) -> np.ndarray:
-    """What each request waits (ms) on the engine blocks of cold starts (module docstring,
-    item 2): blocks of ``cold_start_ms`` from the sorted times ``starts``; a request arriving
-    at ``arrival`` waits for the end of the block it arrives in, and ``cold_start_ms`` for each
-    block starting in its wait for the first token (``wait_s``; blocks do not overlap here)."""
+                        starts: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
+    """What each request waits (ms) on the cold-start blocks (module docstring, item 2): one
+    block of ``cold_start_ms`` per adapter, queued from its first arrival (``starts``, sorted)
+    behind the blocks before it, since the loads run one after another; a request arriving at
+    ``arrival`` whose first token needs ``wait_s`` of the engine's time gets it once that much
+    time outside blocks has passed (so it waits out the block it arrives in and every block
+    that begins before its first token is out). ``own``: per request, the index in
+    ``starts`` of the block it is the first request of (-1: none); such a request gets its
+    first token no earlier than its block's end (:func:`own_blocks`)."""
     if cold_start_ms <= 0 or len(starts) == 0 or len(arrival) == 0:
         return np.zeros(len(arrival))
-    return ColdStartLayout.of(arrival, wait_s, starts).waits_ms(cold_start_ms)
+    return ColdStartSchedule.of(starts, cold_start_ms).waits_ms(arrival, wait_s, own)
+
+
+def own_blocks(arrival: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted block starts, each request's own block index or -1) for the first requests
+    ``first`` (a mask over ``arrival``)."""
+    idx = np.flatnonzero(first)
+    order = np.argsort(np.asarray(arrival, np.float64)[idx], kind="stable")
+    own = np.full(len(arrival), -1, np.int64)
+    own[idx[order]] = np.arange(len(idx))
+    return np.asarray(arrival, np.float64)[idx[order]], own
 
 
 @dataclass(frozen=True)
-class ColdStartLayout:
-    """Where each request falls among the cold-start blocks, which does not depend on the
-    blocks' length: the fit asks the same run at many lengths."""
+class ColdStartSchedule:
+    """The queued cold-start blocks of one run: block k begins at ``max(s_k, end_{k-1})``
+    (s: the adapters' sorted first arrivals) and lasts its load. ``level`` is the time outside
+    blocks up to each block (``end_k - (total block time up to and including k)``), the clock
+    a request's engine wait runs on."""
 
-    arrival: np.ndarray          # s
-    in_wait: np.ndarray          # blocks starting in the request's wait for its first token
-    after_start: np.ndarray      # a block started at or before the arrival
-    last_start: np.ndarray       # the latest such block's start (s; the first block's if none)
+    begin: np.ndarray            # s
+    end: np.ndarray              # s
+    level: np.ndarray            # s, non-decreasing
 
     @classmethod
-    def of(cls, arrival: np.ndarray, wait_s: np.ndarray, starts: np.ndarray
-           ) -> "ColdStartLayout":
+    def of(cls, starts: np.ndarray, cold_start_ms) -> "ColdStartSchedule":
+        """``cold_start_ms``: one length for every block, or one per start."""
+        s = np.asarray(starts, np.float64)
+        length = np.broadcast_to(np.asarray(cold_start_ms, np.float64) / 1000.0, s.shape)
+        cum = np.cumsum(length)
+        # end_k = max over j <= k of (s_j + length_j + ... + length_k): the queue's recursion
+        end = cum + np.maximum.accumulate(s - (cum - length))
+        begin = end - length
+        # one level per busy period (blocks back to back share it; computed once per period so
+        # that rounding cannot split a period)
+        new = np.ones(len(s), bool)
+        new[1:] = begin[1:] > end[:-1] + GAP_EPS_S
+        head = np.flatnonzero(new)
+        level = (begin - (cum - length))[head][np.cumsum(new) - 1]
+        return cls(begin, end, level)
+
+    def waits_ms(self, arrival: np.ndarray, wait_s: np.ndarray,
+                 own: np.ndarray | None = None) -> np.ndarray:
+        """Each request's wait (ms) on the blocks: its first token comes at the latest time
+        ``T`` whose time outside blocks since ``arrival`` is ``wait_s`` (``T = sup{x : u(x) <=
+        u(arrival) + wait}``, u(x) = x minus the block time before x), and not before the end
+        of its adapter's own block (``own``: that block's index, -1 for none)."""
         a = np.asarray(arrival, np.float64)
         t = np.maximum(np.asarray(wait_s, np.float64), 0.0)
-        last = np.searchsorted(starts, a, "right")          # blocks started at or before a
-        n_in = np.searchsorted(starts, a + t, "right") - last
-        prev = starts[np.maximum(last - 1, 0)] if len(starts) else np.zeros(len(a))
-        return cls(a, n_in, last > 0, prev)
+        k = np.searchsorted(self.begin, a, "right")          # blocks begun at or before a
+        prev = np.maximum(k - 1, 0)
+        # u(a): after block k-1 the clock runs from its level; inside it, it stands still
+        u_a = np.where(k > 0, self.level[prev] + np.maximum(a - self.end[prev], 0.0), a)
+        v = u_a + t
+        m = np.searchsorted(self.level, v, "right")          # blocks whose level is <= v
+        last = np.maximum(m - 1, 0)
+        first_token = np.where(m > 0, self.end[last] + (v - self.level[last]), v)
+        if own is not None and len(self.end):
+            first_token = np.where(own >= 0, np.maximum(first_token, self.end[own]), first_token)
+        return 1000.0 * np.maximum(first_token - a - t, 0.0)
 
-    def waits_ms(self, cold_start_ms: float) -> np.ndarray:
-        """:func:`cold_start_waits_ms` of the run at blocks of ``cold_start_ms``."""
-        if cold_start_ms <= 0:
-            return np.zeros(len(self.arrival))
-        c = cold_start_ms / 1000.0
-        rem = np.where(self.after_start, np.maximum(self.last_start + c - self.arrival, 0.0), 0.0)
-        return 1000.0 * (self.in_wait * c + rem)
+
+def cold_start_waits_py(cold_start_ms: float, arrival: np.ndarray, wait_s: np.ndarray,
+                        starts: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
+    """Plain-Python reference of :func:`cold_start_waits_ms`: the blocks queued one by one,
+    then each request walked through them (``tests/test_latency_tail.py`` checks the two)."""
+    c = cold_start_ms / 1000.0
+    blocks, free = [], -np.inf
+    for s in sorted(float(x) for x in starts):
+        b = max(s, free)
+        free = b + c
+        blocks.append((b, free))
+    out = np.zeros(len(arrival))
+    if cold_start_ms <= 0:
+        return out
+    for i, (a, t) in enumerate(zip(arrival, wait_s)):
+        x, left = float(a), max(float(t), 0.0)
+        for b, e in blocks:
+            if e <= x:
+                continue
+            if b <= x:                   # inside a block: wait for its end
+                x = e
+            elif b - x > left:           # the first token is out before this block
+                break
+            else:
+                left -= b - x
+                x = e
+        x += left
+        if own is not None and own[i] >= 0:          # not before its own adapter is loaded
+            x = max(x, blocks[int(own[i])][1])
+        out[i] = 1000.0 * (x - a - max(float(t), 0.0))
+    return out
 
 
 def ttft_offsets_ms(tail: LatencyTail, running: float, adapters: float, first: np.ndarray,
@@ -278,8 +352,8 @@ def ttft_offsets_ms(tail: LatencyTail, running: float, adapters: float, first: n
     base = tail.ttft_base_ms + tail.ttft_per_running_ms * running \
         + tail.ttft_per_adapter_ms * adapters
     wait = np.zeros(len(arrival)) if wait_s is None else wait_s
-    return base + cold_start_waits_ms(tail.cold_start_ms, arrival, wait,
-                                      np.sort(np.asarray(arrival, np.float64)[first]))
+    starts, own = own_blocks(arrival, first)
+    return base + cold_start_waits_ms(tail.cold_start_ms, arrival, wait, starts, own)
 
 
 def _hist_points(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

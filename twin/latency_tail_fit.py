@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from . import kernel as K
-from .latency_tail import (CONSTANTS_FILE, ColdStartLayout, GapPoints, LatencyTail,
-                           arrival_rate, batch_adapters, forget_constants, gap_quantiles,
-                           hist_mean_ms, run_features)
+from .latency_tail import (CONSTANTS_FILE, GapPoints, LatencyTail, arrival_rate,
+                           batch_adapters, cold_start_waits_ms, forget_constants,
+                           gap_quantiles, hist_mean_ms, own_blocks, run_features)
 from .profile import load_profile
 from .server import run_kernel
 from .slot_fit import counts_agree, shared_run_setup
@@ -40,6 +40,7 @@ class ReplaySample:
     ttft_ms: np.ndarray             # the twin's engine TTFT of each completed request
     arrival_s: np.ndarray           # ... and its arrival (s)
     block_starts: np.ndarray        # sorted first arrivals of the adapters (s): cold starts
+    own: np.ndarray                 # per completed request, its own block's index (-1: none)
     running: float                  # the twin's mean running requests
     adapters: float                 # adapters with arrivals
     itl_hist: np.ndarray            # the twin's engine ITL histogram
@@ -60,9 +61,10 @@ def _replay_one(args: tuple) -> ReplaySample | None:
         return None
     running, n_adapters, first = run_features(reqs.arrival_s, reqs.adapter, run.stats, dur)
     done = (run.finish_t >= 0) & (run.finish_t <= dur)
+    starts, own = own_blocks(reqs.arrival_s, first)
     return ReplaySample(str(cfg.get("run_id", "")), bool(real.pop("starved")),
                         (run.first_t[done] - reqs.arrival_s[done]) * 1000.0,
-                        reqs.arrival_s[done].copy(), np.sort(reqs.arrival_s[first]),
+                        reqs.arrival_s[done].copy(), starts, own[done],
                         running, n_adapters, run.itl_hist.copy(), real,
                         batch_adapters(run.stats), float(run.stats[K.ST_MAX_WAITING]),
                         arrival_rate(reqs.arrival_s, dur))
@@ -106,13 +108,10 @@ def _smape(y: np.ndarray, p: np.ndarray) -> float:
     return float(100.0 * np.mean(np.abs(y - p) / (np.abs(y) + np.abs(p))))
 
 
-def _ttft_stats(s: ReplaySample, base: float, cold: float,
-                layout: ColdStartLayout | None = None) -> tuple[float, float, float]:
-    """Mean, median and p99 client TTFT (ms) of a replayed run; ``layout``: its cold-start
-    layout when the caller keeps one (the same figures, without recomputing it)."""
-    if layout is None:
-        layout = ColdStartLayout.of(s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
-    t = s.ttft_ms + base + layout.waits_ms(cold)
+def _ttft_stats(s: ReplaySample, base: float, cold: float) -> tuple[float, float, float]:
+    """Mean, median and p99 client TTFT (ms) of a replayed run."""
+    t = s.ttft_ms + base + cold_start_waits_ms(cold, s.arrival_s, s.ttft_ms / 1000.0,
+                                               s.block_starts, s.own)
     return float(t.mean()), *(float(v) for v in np.percentile(t, [50, 99]))
 
 
@@ -140,13 +139,10 @@ def fit_latency_tail(samples: list[ReplaySample]) -> tuple[LatencyTail, dict]:
     y_t = np.array([[s.real["mean_ttft_ms"], s.real["median_ttft_ms"], s.real["p99_ttft_ms"]]
                     for s in unst])
 
-    layouts = [ColdStartLayout.of(s.arrival_s, s.ttft_ms / 1000.0, s.block_starts)
-               for s in unst]
-
     def ttft_pred(x) -> np.ndarray:
         a0, ar, an, c = x
-        return np.array([_ttft_stats(s, a0 + ar * s.running + an * s.adapters, c, lay)
-                         for s, lay in zip(unst, layouts)])
+        return np.array([_ttft_stats(s, a0 + ar * s.running + an * s.adapters, c)
+                         for s in unst])
 
     def ttft_obj(x) -> float:
         if min(x) < 0:
