@@ -274,10 +274,10 @@ class ColdStartSchedule:
     level: np.ndarray            # s, non-decreasing
 
     @classmethod
-    def of(cls, starts: np.ndarray, cold_start_ms) -> "ColdStartSchedule":
-        """``cold_start_ms``: one length for every block, or one per start."""
+    def of(cls, starts: np.ndarray, cold_start_ms: float) -> "ColdStartSchedule":
+        """The blocks of ``cold_start_ms`` each from the sorted first arrivals ``starts``."""
         s = np.asarray(starts, np.float64)
-        length = np.broadcast_to(np.asarray(cold_start_ms, np.float64) / 1000.0, s.shape)
+        length = np.full(len(s), cold_start_ms / 1000.0)
         cum = np.cumsum(length)
         # end_k = max over j <= k of (s_j + length_j + ... + length_k): the queue's recursion
         end = cum + np.maximum.accumulate(s - (cum - length))
@@ -315,15 +315,15 @@ def cold_start_waits_py(cold_start_ms: float, arrival: np.ndarray, wait_s: np.nd
                         starts: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
     """Plain-Python reference of :func:`cold_start_waits_ms`: the blocks queued one by one,
     then each request walked through them (``tests/test_latency_tail.py`` checks the two)."""
+    out = np.zeros(len(arrival))
+    if cold_start_ms <= 0:
+        return out
     c = cold_start_ms / 1000.0
     blocks, free = [], -np.inf
     for s in sorted(float(x) for x in starts):
         b = max(s, free)
         free = b + c
         blocks.append((b, free))
-    out = np.zeros(len(arrival))
-    if cold_start_ms <= 0:
-        return out
     for i, (a, t) in enumerate(zip(arrival, wait_s)):
         x, left = float(a), max(float(t), 0.0)
         for b, e in blocks:
