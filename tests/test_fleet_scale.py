@@ -47,6 +47,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_an_empty_what_if_fleet_replays_nothing_on_any_worker_count():
+    """A what-if search with no Amax left to try hands the fleet no GPU: every worker count
+    returns no metrics (with two workers it used to ask for a pool of 0 processes, which
+    stopped ``experiments.slo_placement`` inside a bound check's seed climb)."""
+    from optim.amax_search import twin_scores
+    from optim.placement import plan_gpu
+    for workers in (None, 1, 2):
+        assert simulate_fleet([], duration_s=60.0, workers=workers,
+                              check_routing=False).per_gpu == ()
+    inst = load_instance(SMALL)
+    plan = plan_gpu("h100", PROFILE, 4, [(a, 1.0) for a in inst.adapters[:3]], inst.mean_tokens)
+    assert twin_scores(inst, plan, [], [], 60.0, workers=2) == []
+
+
 # ------------------------------------------------------------------------------ errors
 def test_bad_backend_is_named():
     with pytest.raises(FleetBackendError, match=r"^backend: must be one of local, ray"):

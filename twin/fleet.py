@@ -120,6 +120,8 @@ def simulate_fleet(gpus: Sequence[GpuAssignment], duration_s: float = 3600.0,
         raise ValueError(f"seeds: {len(seeds)} given for {len(gpus)} GPUs")
     jobs = [(gpu.profile, gpu, duration_s, lengths, seed + g if seeds is None else int(seeds[g]),
              stop_below) for g, gpu in enumerate(gpus)]
+    if not jobs:                    # nothing to replay (a what-if search with no Amax left)
+        return FleetResult(())
 
     def shown(results):
         return tuple(progress(results, total=len(jobs), desc="twin replay", unit="GPU",
