@@ -502,8 +502,6 @@ def _seed_bests(inst: Instance, plan, starts: Sequence[int], top: int, seeds: Se
 
     def run(todo: list[list[int]]) -> None:
         jobs = [(i, a) for i, xs in enumerate(todo) for a in xs]
-        if not jobs:
-            return
         res = twin_scores(inst, plan, [a for _, a in jobs], [seeds[i] for i, _ in jobs],
                           duration_s, workers)
         for (i, a), (v, _) in zip(jobs, res):
